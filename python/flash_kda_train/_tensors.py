@@ -1,0 +1,64 @@
+"""Describes framework tensors to the C ABI without copying them (the DLPack tensor layout)."""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _lib
+
+# (DLPack type code, bits) of the dtypes the library reads; anything else is described honestly
+# (for example int16 as (0, 16)) and rejected by the library with a message naming the argument.
+_DTYPE_CODES = {
+    "bfloat16": (4, 16),
+    "float16": (2, 16),
+    "float32": (2, 32),
+    "float64": (2, 64),
+    "int32": (0, 32),
+    "int64": (0, 64),
+    "uint8": (1, 8),
+}
+
+
+class Described:
+    """An fkt_tensor for one tensor, owning the shape and stride arrays it points to."""
+
+    __slots__ = ("struct", "_shape", "_strides", "_source")
+
+    def __init__(self, data_ptr, device_type, device_id, dtype_code, dtype_bits, shape, strides, source):
+        ndim = len(shape)
+        self._shape = (ctypes.c_int64 * max(ndim, 1))(*shape)
+        self._strides = (ctypes.c_int64 * max(ndim, 1))(*strides)
+        self._source = source  # keeps the memory alive for the duration of the call
+        self.struct = _lib.Tensor(
+            data_ptr,
+            _lib.Device(device_type, device_id),
+            ndim,
+            _lib.DType(dtype_code, dtype_bits, 1),
+            self._shape,
+            self._strides,
+            0,
+        )
+
+    def ref(self):
+        return ctypes.pointer(self.struct)
+
+
+def describe_torch(t):
+    """Describes a torch tensor (any strides) for the C ABI."""
+    dtype_name = str(t.dtype).replace("torch.", "")
+    if dtype_name in _DTYPE_CODES:
+        code, bits = _DTYPE_CODES[dtype_name]
+    else:
+        code, bits = (2 if t.dtype.is_floating_point else 0), t.element_size() * 8
+    if t.device.type == "cpu":
+        device_type, device_id = _lib.DEVICE_CPU, 0
+    elif t.device.type == "cuda":
+        device_type, device_id = _lib.DEVICE_CUDA, t.device.index or 0
+    else:
+        raise ValueError(f"expected a CPU or CUDA tensor, got one on {t.device}")
+    return Described(t.data_ptr() or None, device_type, device_id, code, bits, tuple(t.shape), t.stride(), t)
+
+
+def pointer(described):
+    """A pointer for an optional described tensor (NULL when absent)."""
+    return described.ref() if described is not None else None

@@ -1,0 +1,98 @@
+"""torch.library custom ops with registered autograd and fake (meta) implementations, so that
+torch.compile traces chunk_kda without a graph break."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _core
+
+_NAMESPACE = "flash_kda_train"
+
+
+def _config(scale, lower_bound, chunk_size, flags: List[bool], backend: str) -> _core.Config:
+    l2norm, gate, beta_sigmoid, neg_eigval, safe_gate, disable_recompute, state_v_first = flags
+    return _core.Config(scale=scale, lower_bound=lower_bound, chunk_size=chunk_size, use_qk_l2norm_in_kernel=l2norm,
+                        use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=beta_sigmoid,
+                        allow_neg_eigval=neg_eigval, safe_gate=safe_gate, disable_recompute=disable_recompute,
+                        state_v_first=state_v_first, backend=backend)
+
+
+def _absent(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None or t.numel() == 0 and t.dim() == 1 else t
+
+
+def _empty(like: Tensor) -> Tensor:
+    """Stands in for an absent output: custom ops return tensors, never None."""
+    return like.new_empty(0)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", mutates_args=())
+def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
+                  flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor]:
+    cfg = _config(scale, lower_bound, chunk_size, flags, backend)
+    inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+    o, final_state, _ = _core.forward(cfg, inputs, output_final_state)
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return o, final_state if final_state is not None else q.new_empty(0, dtype=state_dtype)
+
+
+@chunk_kda_fwd.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound, chunk_size,
+      flags, output_final_state, backend):
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if not output_final_state:
+        return v.new_empty(v.shape, dtype=q.dtype), q.new_empty(0, dtype=state_dtype)
+    num_sequences = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+    K, HV, V = q.shape[-1], v.shape[2], v.shape[-1]
+    state_v_first = flags[6]
+    shape = (num_sequences, HV, V, K) if state_v_first else (num_sequences, HV, K, V)
+    return v.new_empty(v.shape, dtype=q.dtype), q.new_empty(shape, dtype=state_dtype)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], scale: float,
+                  lower_bound: Optional[float], chunk_size: int, flags: List[bool], backend: str) -> List[Tensor]:
+    cfg = _config(scale, lower_bound, chunk_size, flags, backend)
+    inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+    grads = _core.backward(cfg, inputs, d_o, _absent(d_final_state))
+    return [t if t is not None else _empty(q) for t in grads]
+
+
+@chunk_kda_bwd.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, d_o, d_final_state, scale,
+      lower_bound, chunk_size, flags, backend):
+    gate_in_kernel = flags[1]
+    optional = [A_log if gate_in_kernel else None, dt_bias if gate_in_kernel else None, initial_state]
+    return [torch.empty_like(t) for t in (q, k, v, g, beta)] + [
+        torch.empty_like(t) if t is not None else _empty(q) for t in optional
+    ]
+
+
+_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu")
+_OPTIONS = ("scale", "lower_bound", "chunk_size", "flags", "backend")
+
+
+def _setup_context(ctx, inputs, output):
+    named = dict(zip(_INPUTS + ("scale", "lower_bound", "chunk_size", "flags", "output_final_state", "backend"),
+                     inputs))
+    ctx.save_for_backward(*(named[name] for name in _INPUTS))
+    ctx.options = {name: named[name] for name in _OPTIONS}
+
+
+def _backward(ctx, d_o, d_final_state):
+    grads = torch.ops.flash_kda_train.chunk_kda_bwd(*ctx.saved_tensors, d_o, _absent(d_final_state), **ctx.options)
+    dA_log, ddt_bias, dh0 = (_absent(t) for t in grads[5:])
+    # One gradient per op input: q, k, v, g, beta, A_log, dt_bias, initial_state, then None for
+    # cu_seqlens, cu_seqlens_cpu and the six options.
+    return (*grads[:5], dA_log, ddt_bias, dh0) + (None,) * 8
+
+
+chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,30 @@
+// Carves typed arrays out of one caller-owned byte buffer. With a null base it only measures,
+// so sizing and carving share one layout function and cannot drift apart.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fkt {
+
+class Carver {
+ public:
+  static constexpr size_t kAlign = 64;  // a cache line; also keeps every array vector-aligned
+
+  explicit Carver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+
+  template <typename T>
+  T* take(int64_t count) {
+    offset_ = (offset_ + kAlign - 1) / kAlign * kAlign;
+    T* result = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ += static_cast<size_t>(count) * sizeof(T);
+    return result;
+  }
+  size_t bytes() const { return (offset_ + kAlign - 1) / kAlign * kAlign; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+}  // namespace fkt

@@ -1,0 +1,73 @@
+// Host side of F1 on CUDA: checks what the kernel supports, fills its params and launches it.
+// No allocation, no copy and no synchronisation: sequence offsets are read on the device.
+#include <cstdint>
+
+#include "core/error.hpp"
+#include "cuda/backend.hpp"
+#include "cuda/common/check.cuh"
+#include "cuda/common/device_guard.cuh"
+#include "cuda/sm90/fwd_gate_cumsum/kernel.cuh"
+
+namespace fkt::cuda {
+namespace {
+
+template <typename GT, typename Offset>
+void launch(const GateCumsumParams& params, dim3 grid, cudaStream_t stream) {
+  fwd_gate_cumsum_kernel<GT, Offset><<<grid, GateCumsumConfig::kThreads, 0, stream>>>(params);
+  FKT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename GT>
+void launch_with_offsets(const GateCumsumParams& params, DType offsets, dim3 grid, cudaStream_t stream) {
+  if (offsets == DType::kI64) launch<GT, int64_t>(params, grid, stream);
+  else launch<GT, int32_t>(params, grid, stream);
+}
+
+}  // namespace
+
+void fwd_gate_cumsum(const Problem& p, const fkt_tensor* cu_seqlens_device, float* gamma, void* stream) {
+  FKT_CHECK(p.g.dtype == DType::kBF16 || p.g.dtype == DType::kF16 || p.g.dtype == DType::kF32)
+      << "g: the CUDA gate-cumsum stage reads bfloat16, float16 or float32, got " << dtype_name(p.g.dtype);
+  FKT_CHECK(p.g.contiguous()) << "g: the CUDA gate-cumsum stage expects a contiguous tensor, got strides "
+                              << shape_str(p.g.strides) << " for shape " << p.g.shape_str();
+  const int64_t columns = p.HV * p.K;
+  const int64_t column_groups = (columns + GateCumsumConfig::kThreads - 1) / GateCumsumConfig::kThreads;
+  FKT_CHECK(column_groups <= GateCumsumConfig::kMaxColumnGroups)
+      << "g: the CUDA gate-cumsum stage handles at most " << GateCumsumConfig::kMaxColumnGroups << " * "
+      << GateCumsumConfig::kThreads << " elements per token (HV * K), got " << columns;
+  const int64_t chunks_per_row = (p.T + p.chunk - 1) / p.chunk;
+  const int64_t blocks = p.varlen ? chunks_per_row : p.B * chunks_per_row;
+  FKT_CHECK(blocks <= INT32_MAX) << "g: the CUDA gate-cumsum stage launches one block per chunk, at most "
+                                 << INT32_MAX << ", got " << blocks;
+  if (blocks == 0) return;
+
+  const TensorRef offsets = p.varlen ? TensorRef(cu_seqlens_device, "cu_seqlens") : TensorRef();
+  GateCumsumParams params{};
+  params.g = p.g.bytes();
+  // make_problem leaves A_log and dt_bias absent unless the gate is activated in the kernel.
+  params.A_log = p.A_log.present() ? p.A_log.bytes() : nullptr;
+  params.dt_bias = p.dt_bias.present() ? p.dt_bias.bytes() : nullptr;
+  params.cu_seqlens = p.varlen ? offsets.bytes() : nullptr;
+  params.gamma = gamma;
+  params.A_log_dtype = p.A_log.dtype;
+  params.dt_bias_dtype = p.dt_bias.dtype;
+  params.gate = p.gate;
+  params.lower_bound = static_cast<float>(p.lower_bound);
+  params.T = p.T;
+  params.N = p.N;
+  params.chunks_per_row = chunks_per_row;
+  params.columns = static_cast<int32_t>(columns);
+  params.K = static_cast<int32_t>(p.K);
+  params.chunk = p.chunk;
+
+  const DeviceGuard device(p.device.device_id);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(column_groups));
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (p.g.dtype) {
+    case DType::kBF16: return launch_with_offsets<__nv_bfloat16>(params, offsets.dtype, grid, cuda_stream);
+    case DType::kF16: return launch_with_offsets<__half>(params, offsets.dtype, grid, cuda_stream);
+    default: return launch_with_offsets<float>(params, offsets.dtype, grid, cuda_stream);
+  }
+}
+
+}  // namespace fkt::cuda

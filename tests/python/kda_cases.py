@@ -1,0 +1,40 @@
+"""Input recipes shared by the Python tests (kda-math.md section 7 style data, small shapes)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def make_inputs(B=2, T=100, H=2, HV=None, K=16, V=16, dtype=torch.float32, gate_in_kernel=False,
+                beta_logits=False, cu_seqlens=None, state=True, state_v_first=False, requires_grad=True):
+    HV = HV or H
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    x = dict(
+        q=torch.randn(B, T, H, K).to(dtype),
+        k=F.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype),
+        v=torch.randn(B, T, HV, V).to(dtype),
+        g=(torch.randn(B, T, HV, K) if gate_in_kernel else F.logsigmoid(torch.randn(B, T, HV, K))).to(dtype),
+        beta=(torch.randn(B, T, HV) if beta_logits else torch.rand(B, T, HV)).to(dtype),
+        initial_state=(torch.randn(N, HV, V, K) if state_v_first else torch.randn(N, HV, K, V)).to(state_dtype)
+        if state else None,
+        A_log=(torch.randn(HV) * 0.5).to(state_dtype) if gate_in_kernel else None,
+        dt_bias=torch.randn(HV * K).to(state_dtype) if gate_in_kernel else None,
+    )
+    if requires_grad:
+        for t in x.values():
+            if t is not None:
+                t.requires_grad_(True)
+    if cu_seqlens is not None:
+        x["cu_seqlens"] = torch.tensor(cu_seqlens, dtype=torch.int64)
+    return x
+
+
+def rel_rms(x, ref):
+    x, ref = x.detach().double(), ref.detach().double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+LEAVES = [("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"), ("dbeta", "beta"), ("dA_log", "A_log"),
+          ("ddt_bias", "dt_bias"), ("dh0", "initial_state")]

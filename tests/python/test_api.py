@@ -1,0 +1,129 @@
+"""The Python surface: FLA-compatible argument handling, the paired API, the custom op contract."""
+
+import warnings
+
+import pytest
+import torch
+
+import flash_kda_train as fkt
+from kda_cases import make_inputs, rel_rms
+
+
+def args(x):
+    return x["q"], x["k"], x["v"], x["g"], x["beta"]
+
+
+def test_paired_api_matches_autograd():
+    x = make_inputs(HV=4, gate_in_kernel=True)
+    kw = dict(initial_state=x["initial_state"], output_final_state=True, use_gate_in_kernel=True, A_log=x["A_log"],
+              dt_bias=x["dt_bias"], use_qk_l2norm_in_kernel=True)
+    o, ht = fkt.chunk_kda(*args(x), **kw)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward([o, ht], [do, dht])
+    o2, ht2, ctx = fkt.forward(*args(x), **kw)
+    grads = fkt.backward(ctx, do, dht)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    for name, leaf in [("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"), ("dbeta", "beta"), ("dA_log", "A_log"),
+                       ("ddt_bias", "dt_bias"), ("dh0", "initial_state")]:
+        assert torch.equal(getattr(grads, name), x[leaf].grad), name
+
+
+def test_defaults_and_return_values_follow_fla():
+    x = make_inputs(requires_grad=False, state=False)
+    o, ht = fkt.chunk_kda(*args(x))
+    assert ht is None and o.shape == x["v"].shape and o.dtype == x["q"].dtype
+    o_scaled, _ = fkt.chunk_kda(*args(x), scale=x["q"].shape[-1] ** -0.5)
+    assert torch.equal(o, o_scaled)  # scale=None means K^-0.5
+
+
+def test_gate_parameters_ignored_without_in_kernel_gate():
+    x = make_inputs(requires_grad=False)
+    o, _ = fkt.chunk_kda(*args(x))
+    o2, _ = fkt.chunk_kda(*args(x), A_log=torch.randn(2), dt_bias=torch.randn(32))
+    assert torch.equal(o, o2)
+
+
+def test_deterministic_bitwise():
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        x = make_inputs(HV=4, gate_in_kernel=True, B=1, T=150, cu_seqlens=[0, 50, 150])
+        o, ht = fkt.chunk_kda(*args(x), initial_state=x["initial_state"], output_final_state=True,
+                              use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu_seqlens"])
+        torch.autograd.backward([o, ht], [torch.ones_like(o), torch.ones_like(ht)])
+        outs.append([o, ht] + [x[n].grad for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+def test_strided_inputs_read_in_place():
+    x = make_inputs(requires_grad=False)
+    q_t = x["q"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, head-major strides
+    assert not q_t.is_contiguous()
+    o, _ = fkt.chunk_kda(*args(x))
+    o2, _ = fkt.chunk_kda(q_t, *args(x)[1:])
+    assert torch.equal(o, o2)
+
+
+def test_intermediate_states_in_inference_mode():
+    x = make_inputs(requires_grad=False, B=1, T=100, cu_seqlens=[0, 30, 100])
+    with torch.inference_mode():
+        o, ht, h = fkt.chunk_kda(*args(x), initial_state=x["initial_state"], output_final_state=True,
+                                 return_intermediate_states=True, cu_seqlens=x["cu_seqlens"])
+    # chunks: sequence 0 has 1 (rows 0), sequence 1 has 2 (rows 1, 2); h[:, row] = state entering it
+    assert h.shape == (1, 3, 2, 16, 16) and h.dtype == x["q"].dtype
+    assert torch.equal(h[0, 0], x["initial_state"][0]) and torch.equal(h[0, 1], x["initial_state"][1])
+    # the state entering chunk 1 of sequence 1 is the final state of its first 64 tokens
+    _, ht64 = fkt.chunk_kda(*(t[:, 30:94] for t in args(x)), initial_state=x["initial_state"][1:],
+                            output_final_state=True)
+    assert rel_rms(h[0, 2], ht64[0]) < 1e-6
+    with pytest.raises(ValueError, match="inference_mode"):
+        fkt.chunk_kda(*args(x), return_intermediate_states=True, cu_seqlens=x["cu_seqlens"])
+
+
+def test_fla_keyword_handling():
+    x = make_inputs(requires_grad=False, K=8, V=24, B=1)
+    h0 = x["initial_state"].transpose(-1, -2).contiguous()
+    with pytest.warns(DeprecationWarning, match="state_v_first"):
+        _, ht = fkt.chunk_kda(*args(x), initial_state=h0, output_final_state=True, transpose_state_layout=True)
+    _, ht_ref = fkt.chunk_kda(*args(x), initial_state=h0, output_final_state=True, state_v_first=True)
+    assert torch.equal(ht, ht_ref)
+    with pytest.raises(ValueError, match="transpose_state_layout"):
+        fkt.chunk_kda(*args(x), state_v_first=True, transpose_state_layout=True)
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
+        fkt.chunk_kda(*args(x), bogus=1)
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        fkt.chunk_kda(*args(x), cp_context=object())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fkt.chunk_kda(*args(x))
+
+
+@pytest.mark.parametrize("gate_in_kernel", [False, True])
+def test_opcheck(gate_in_kernel):
+    x = make_inputs(B=1, T=70, H=1, HV=2, K=8, V=8, gate_in_kernel=gate_in_kernel, requires_grad=True)
+    flags = [False, gate_in_kernel, False, False, False, False, False]
+    sample = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["initial_state"], None, None,
+              0.35, None, 64, flags, True, "auto")
+    torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_fwd.default, sample)
+    # The backward op is not itself differentiable (no double backward): check it on plain tensors.
+    plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in sample[:10]]
+    bwd = (*plain, torch.randn_like(plain[2]), torch.randn_like(plain[7]), 0.35, None, 64, flags, "auto")
+    torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_bwd.default, bwd)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    x = make_inputs(B=1, T=40, K=8, V=8)
+
+    def step(q, k, v, g, beta, h0):
+        o, ht = fkt.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        return (o.square().sum() + ht.sum()) * 0.5
+
+    loss = step(*args(x), x["initial_state"])
+    eager = torch.autograd.grad(loss, [x["q"], x["g"], x["initial_state"]])
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss_c = compiled(*args(x), x["initial_state"])
+    grads_c = torch.autograd.grad(loss_c, [x["q"], x["g"], x["initial_state"]])
+    assert torch.equal(loss, loss_c)
+    for a, b in zip(eager, grads_c):
+        assert torch.equal(a, b)
