@@ -144,6 +144,55 @@ FKT_API int fkt_gold_backward(const fkt_inputs* in, const fkt_options* opt, fkt_
 FKT_API int fkt_stage_gate_cumsum(const fkt_inputs* in, const fkt_options* opt, fkt_tensor* gamma,
                                   void* stream);
 
+/* Context parallelism (kda-math.md section 9). Each rank of a process group holds a contiguous slice
+ * of the packed token stream; a sequence cut by slice edges continues across ranks. The state
+ * recurrence over a sequence slice is affine, so a rank summarises one sequence as a map that the
+ * others apply, and the caller exchanges the summaries (one all-gather per direction, e.g. with
+ * torch.distributed). Everything below is exact in floating point: nothing is truncated by decay.
+ *
+ * A summary is a contiguous tensor [HV, K, V + K] of the state dtype (float32; float64 for float64
+ * inputs), always in the [K, ...] layout whatever state_v_first says:
+ *   forward  [S_ext | M]:   S_out = M S_in + S_ext over the sequence, where
+ *            M = prod_j (Diag(exp(Gamma_L,j)) - K_down_j^T W_j)   (K x K, later chunks on the left)
+ *            S_ext = the state after the sequence from a zero initial state (K x V).
+ *   backward [dS_ext | dM]: dS_in = dM dS_out + dS_ext, where
+ *            dM = prod_j (Diag(exp(Gamma_L,j)) - W_j^T K_down_j)  (earlier chunks on the left)
+ *            dS_ext = the gradient of the state entering the sequence for a zero gradient of the
+ *            state leaving it (it holds the d_o contributions of the sequence).
+ * An empty sequence has the summary [0 | I].
+ *
+ * The summaries read the inputs exactly as fkt_forward does (validated the same way) and summarise
+ * sequence `sequence` (0 <= sequence < N; dense inputs: batch row) alone; initial_state is not read.
+ * Workspace: a uint8 buffer of the size fkt_cp_plan_sizes returns (NULL when 0 bytes). */
+
+typedef struct fkt_cp_sizes {
+  uint64_t forward_summary_workspace_bytes;
+  uint64_t backward_summary_workspace_bytes;
+  int32_t backend;                 /* the backend chosen (enum fkt_backend) */
+} fkt_cp_sizes;
+
+FKT_API int fkt_cp_plan_sizes(const fkt_inputs* in, const fkt_options* opt, fkt_cp_sizes* sizes);
+FKT_API int fkt_cp_forward_summary(const fkt_inputs* in, const fkt_options* opt, int64_t sequence,
+                                   fkt_tensor* summary, fkt_tensor* workspace, void* stream);
+/* d_o: [B, T, HV, V], the gradient of o (any float dtype, as for fkt_backward). */
+FKT_API int fkt_cp_backward_summary(const fkt_inputs* in, const fkt_options* opt, const fkt_tensor* d_o,
+                                    int64_t sequence, fkt_tensor* summary, fkt_tensor* workspace,
+                                    void* stream);
+
+enum fkt_cp_direction { FKT_CP_FORWARD = 0, FKT_CP_BACKWARD = 1 };
+
+/* Applies gathered summaries [R, HV, K, V + K] (contiguous, float32 or float64) of ranks
+ * first .. first + count - 1 to a zero state and writes the result to `state`, one sequence's state
+ * [HV, K, V] ([HV, V, K] if state_v_first) of the summaries' dtype, contiguous, same device:
+ *   FKT_CP_FORWARD:  S = 0;  for r = first .. first + count - 1 (nearest last):  S = M_r S + S_ext_r
+ *                    (the state entering a sequence that started count ranks earlier);
+ *   FKT_CP_BACKWARD: dS = 0; for r = first + count - 1 down to first (nearest last):
+ *                    dS = dM_r dS + dS_ext_r (the gradient of the state leaving a sequence that
+ *                    continues on count later ranks).
+ * count == 0 writes zeros. No workspace. */
+FKT_API int fkt_cp_fold(const fkt_tensor* summaries, int64_t first, int64_t count, int32_t direction,
+                        int32_t state_v_first, fkt_tensor* state, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -62,3 +62,32 @@ def describe_torch(t):
 def pointer(described):
     """A pointer for an optional described tensor (NULL when absent)."""
     return described.ref() if described is not None else None
+
+
+def describe_paddle(t):
+    """Describes a contiguous paddle tensor (CPU or GPU place) for the C ABI.
+
+    Paddle may hold a view at an offset into its allocation, so only contiguous tensors are
+    accepted (callers make them contiguous); their strides are the row-major ones.
+    """
+    if not t.is_contiguous():
+        raise ValueError("expected a contiguous paddle tensor (call .contiguous() first)")
+    dtype_name = str(t.dtype).replace("paddle.", "")
+    if dtype_name in _DTYPE_CODES:
+        code, bits = _DTYPE_CODES[dtype_name]
+    else:
+        code, bits = (2 if t.is_floating_point() else 0), t.element_size() * 8
+    place = t.place
+    if place.is_cpu_place():
+        device_type, device_id = _lib.DEVICE_CPU, 0
+    elif place.is_gpu_place():
+        device_type, device_id = _lib.DEVICE_CUDA, place.gpu_device_id()
+    else:
+        raise ValueError(f"expected a CPU or GPU paddle tensor, got one on {place}")
+    shape = tuple(int(n) for n in t.shape)
+    strides, step = [0] * len(shape), 1
+    for axis in reversed(range(len(shape))):
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    data = t.data_ptr() if 0 not in shape else 0
+    return Described(data or None, device_type, device_id, code, bits, shape, strides, t)

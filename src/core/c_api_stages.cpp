@@ -26,24 +26,6 @@ float* checked_gamma(const fkt::Problem& p, const fkt_tensor* raw) {
   return reinterpret_cast<float*>(gamma.bytes());
 }
 
-// The planner read the offsets from cu_seqlens_cpu; a CUDA kernel reads them from the device copy.
-const fkt_tensor* device_offsets(const fkt::Problem& p, const fkt_inputs& in) {
-  if (!p.varlen) return nullptr;
-  FKT_CHECK(in.cu_seqlens != nullptr)
-      << "cu_seqlens: CUDA stages read the sequence offsets on the device; pass cu_seqlens on "
-      << fkt::device_str(p.device) << " together with its host copy cu_seqlens_cpu";
-  const fkt::TensorRef cu(in.cu_seqlens, "cu_seqlens");
-  FKT_CHECK(fkt::same_device(in.cu_seqlens->device, p.device))
-      << "cu_seqlens: expected a tensor on " << fkt::device_str(p.device) << " (the device of q), got one on "
-      << fkt::device_str(in.cu_seqlens->device) << "; the host copy goes in cu_seqlens_cpu";
-  FKT_CHECK(cu.dtype == fkt::DType::kI32 || cu.dtype == fkt::DType::kI64)
-      << "cu_seqlens: expected int32 or int64, got " << fkt::dtype_name(cu.dtype);
-  FKT_CHECK(cu.shape == std::vector<int64_t>{p.N + 1} && cu.contiguous())
-      << "cu_seqlens: expected a contiguous 1-D tensor of N + 1 = " << p.N + 1
-      << " offsets (the length of cu_seqlens_cpu), got shape " << cu.shape_str();
-  return in.cu_seqlens;
-}
-
 // The CPU twin: F0 and F1 chunk by chunk on one scratch slot; gamma rows are copied out.
 template <typename Real>
 void cpu_gate_cumsum(const fkt::Problem& p, float* gamma) {
@@ -76,7 +58,7 @@ int fkt_stage_gate_cumsum(const fkt_inputs* in, const fkt_options* opt, fkt_tens
     FKT_CHECK(in != nullptr && opt != nullptr) << "inputs and options must not be null";
     const fkt::Problem p = fkt::make_problem(*in, *opt);
     float* out = checked_gamma(p, gamma);
-    if (p.backend == fkt::Backend::kCuda) fkt::cuda::fwd_gate_cumsum(p, device_offsets(p, *in), out, stream);
+    if (p.backend == fkt::Backend::kCuda) fkt::cuda::fwd_gate_cumsum(p, out, stream);
     else if (p.fp64) cpu_gate_cumsum<double>(p, out);
     else cpu_gate_cumsum<float>(p, out);
   });

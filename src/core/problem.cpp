@@ -195,6 +195,20 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
   }
 
   const bool on_cuda = p.device.device_type == FKT_DEVICE_CUDA;
+  if (on_cuda && p.varlen) {
+    // Kernels read the offsets on the device; the planner has read the same offsets on the host.
+    FKT_CHECK(in.cu_seqlens != nullptr)
+        << "cu_seqlens: CUDA kernels read the sequence offsets on the device; pass cu_seqlens on "
+        << device_str(p.device) << " together with its host copy cu_seqlens_cpu";
+    p.cu_seqlens_device = TensorRef(in.cu_seqlens, "cu_seqlens");
+    const TensorRef& cu = p.cu_seqlens_device;
+    expect_device(cu, p.device);
+    FKT_CHECK(cu.dtype == DType::kI32 || cu.dtype == DType::kI64)
+        << "cu_seqlens: expected int32 or int64, got " << dtype_name(cu.dtype);
+    FKT_CHECK(cu.shape == std::vector<int64_t>{p.N + 1} && cu.contiguous())
+        << "cu_seqlens: expected a contiguous 1-D tensor of N + 1 = " << p.N + 1
+        << " offsets (the length of cu_seqlens_cpu), got shape " << cu.shape_str();
+  }
   FKT_CHECK(opt.backend != FKT_BACKEND_CPU || !on_cuda)
       << "backend: the CPU backend was requested but the tensors are on " << device_str(p.device);
   FKT_CHECK(opt.backend != FKT_BACKEND_CUDA || on_cuda)

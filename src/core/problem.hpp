@@ -45,7 +45,9 @@ struct Problem {
   Backend backend = Backend::kCpu;
   fkt_device device{FKT_DEVICE_CPU, 0};
 
-  TensorRef q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens;
+  TensorRef q, k, v, g, beta, A_log, dt_bias, initial_state;
+  TensorRef cu_seqlens;         // the offsets the planner read on the host (cu_seqlens_cpu when given)
+  TensorRef cu_seqlens_device;  // varlen on CUDA: the offsets CUDA kernels read (contiguous, N + 1)
 
   int64_t group() const { return HV / H; }
   // DType every state tensor (initial, final, dh0, d_final_state) must have.

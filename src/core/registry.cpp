@@ -17,17 +17,17 @@ BackendSizes plan_sizes(const Problem& p) {
     const cpu::Sizes s = cpu::plan_sizes(p);
     return {s.forward_workspace_bytes, s.backward_workspace_bytes, 0};
   }
-  FKT_FAIL() << "unreachable: the CUDA backend accepted a problem it cannot size";
+  return {cuda::forward_workspace_bytes(p), 0, 0};
 }
 
-void run_forward(const Problem& p, const fkt_forward_outputs& out, void* /*stream*/) {
+void run_forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
   if (p.backend == Backend::kCpu) return cpu::forward(p, out);
-  FKT_FAIL() << "unreachable: the CUDA backend accepted a forward it cannot run";
+  cuda::forward(p, out, stream);
 }
 
 void run_backward(const Problem& p, const fkt_backward_io& io, void* /*stream*/) {
   if (p.backend == Backend::kCpu) return cpu::backward(p, io);
-  FKT_FAIL() << "unreachable: the CUDA backend accepted a backward it cannot run";
+  cuda::check_backward_supported(p);
 }
 
 }  // namespace fkt

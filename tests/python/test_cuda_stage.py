@@ -195,7 +195,7 @@ def test_cuda_varlen_needs_the_device_offsets():
     tensors, options = make_case("G1", "varlen-int32", 64, torch.float32)
     tensors = on_cuda(tensors)
     tensors["cu_seqlens"] = None
-    with pytest.raises(ValueError, match="cu_seqlens: CUDA stages read the sequence offsets on the device"):
+    with pytest.raises(ValueError, match="cu_seqlens: CUDA kernels read the sequence offsets on the device"):
         stage_gate_cumsum(tensors, options)
 
 

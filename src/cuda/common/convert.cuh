@@ -23,3 +23,16 @@ __device__ __forceinline__ float load_float(const void* base, DType dtype, int64
 }
 
 }  // namespace fkt::cuda
+
+namespace fkt::cuda {
+
+// Stores x, rounded to nearest, as element i of an output whose dtype is known only at run time.
+__device__ __forceinline__ void store_float(void* base, DType dtype, int64_t i, float x) {
+  switch (dtype) {
+    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); break;
+    case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    default: static_cast<float*>(base)[i] = x; break;
+  }
+}
+
+}  // namespace fkt::cuda

@@ -25,7 +25,7 @@ void launch_with_offsets(const GateCumsumParams& params, DType offsets, dim3 gri
 
 }  // namespace
 
-void fwd_gate_cumsum(const Problem& p, const fkt_tensor* cu_seqlens_device, float* gamma, void* stream) {
+void fwd_gate_cumsum(const Problem& p, float* gamma, void* stream) {
   FKT_CHECK(p.g.dtype == DType::kBF16 || p.g.dtype == DType::kF16 || p.g.dtype == DType::kF32)
       << "g: the CUDA gate-cumsum stage reads bfloat16, float16 or float32, got " << dtype_name(p.g.dtype);
   FKT_CHECK(p.g.contiguous()) << "g: the CUDA gate-cumsum stage expects a contiguous tensor, got strides "
@@ -41,7 +41,7 @@ void fwd_gate_cumsum(const Problem& p, const fkt_tensor* cu_seqlens_device, floa
                                  << INT32_MAX << ", got " << blocks;
   if (blocks == 0) return;
 
-  const TensorRef offsets = p.varlen ? TensorRef(cu_seqlens_device, "cu_seqlens") : TensorRef();
+  const TensorRef& offsets = p.cu_seqlens_device;
   GateCumsumParams params{};
   params.g = p.g.bytes();
   // make_problem leaves A_log and dt_bias absent unless the gate is activated in the kernel.

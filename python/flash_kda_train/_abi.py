@@ -1,0 +1,259 @@
+"""Framework-free calls into the C ABI: options, plan, output allocation and the call itself.
+
+Each framework adapter (``_core`` for PyTorch, ``paddle`` for PaddlePaddle) supplies a
+``Framework``: how to describe one of its tensors, read its shape and dtype, allocate an empty
+tensor next to another one, and find the stream to launch on. No math here and no framework
+import: every computation happens in libflash_kda_train.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from typing import Any, NamedTuple, Optional, Sequence
+
+from . import _lib
+from ._tensors import pointer
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Resolved options of one chunk_kda call (scale already defaulted)."""
+
+    scale: float
+    lower_bound: Optional[float] = None
+    chunk_size: int = 64
+    use_qk_l2norm_in_kernel: bool = False
+    use_gate_in_kernel: bool = False
+    use_beta_sigmoid_in_kernel: bool = False
+    allow_neg_eigval: bool = False
+    safe_gate: bool = False
+    disable_recompute: bool = False
+    state_v_first: bool = False
+    backend: str = "auto"
+
+    def options(self) -> _lib.Options:
+        if self.backend not in _lib.BACKENDS:
+            raise ValueError(f"backend: expected one of {sorted(_lib.BACKENDS)}, got {self.backend!r}")
+        return _lib.Options(
+            scale=float(self.scale),
+            lower_bound=float(self.lower_bound) if self.lower_bound is not None else 0.0,
+            has_lower_bound=int(self.lower_bound is not None),
+            chunk_size=int(self.chunk_size),
+            use_qk_l2norm_in_kernel=int(self.use_qk_l2norm_in_kernel),
+            use_gate_in_kernel=int(self.use_gate_in_kernel),
+            use_beta_sigmoid_in_kernel=int(self.use_beta_sigmoid_in_kernel),
+            allow_neg_eigval=int(self.allow_neg_eigval),
+            safe_gate=int(self.safe_gate),
+            disable_recompute=int(self.disable_recompute),
+            state_v_first=int(self.state_v_first),
+            backend=_lib.BACKENDS[self.backend],
+        )
+
+
+class Inputs(NamedTuple):
+    """The tensors of one call (framework tensors; None where absent)."""
+
+    q: Any
+    k: Any
+    v: Any
+    g: Any
+    beta: Any
+    A_log: Any = None
+    dt_bias: Any = None
+    initial_state: Any = None
+    cu_seqlens: Any = None
+    cu_seqlens_cpu: Any = None
+
+
+class Grads(NamedTuple):
+    """Gradients of chunk_kda's differentiable inputs; None where the input is absent."""
+
+    dq: Any
+    dk: Any
+    dv: Any
+    dg: Any
+    dbeta: Any
+    dA_log: Optional[Any]
+    ddt_bias: Optional[Any]
+    dh0: Optional[Any]
+
+
+class Framework:
+    """What the calls below need from a tensor framework (subclassed by each adapter)."""
+
+    def describe(self, t):
+        """A ``_tensors.Described`` for tensor ``t`` (data pointer, device, dtype, shape, strides)."""
+        raise NotImplementedError
+
+    def shape(self, t) -> Sequence[int]:
+        raise NotImplementedError
+
+    def dtype(self, t) -> str:
+        """The dtype's name: "bfloat16", "float16", "float32", "float64", "int32", "int64", ..."""
+        raise NotImplementedError
+
+    def empty(self, shape, dtype: str, like):
+        """An uninitialised tensor of ``shape`` and ``dtype`` on ``like``'s device."""
+        raise NotImplementedError
+
+    def stream(self, like):
+        """The stream to launch on for ``like``'s device (a ctypes.c_void_p), or None on the CPU."""
+        raise NotImplementedError
+
+
+def _describe(fw: Framework, t):
+    return fw.describe(t) if t is not None else None
+
+
+class Call:
+    """Described inputs and options of one library call; keeps every description alive."""
+
+    def __init__(self, fw: Framework, cfg: Config, inputs: Inputs):
+        self.fw = fw
+        self.inputs = inputs
+        self.options = cfg.options()
+        self.described = {name: _describe(fw, t) for name, t in inputs._asdict().items()}
+        self.struct = _lib.Inputs(**{name: pointer(d) for name, d in self.described.items()})
+
+    def sizes(self) -> _lib.Sizes:
+        sizes = _lib.Sizes()
+        _lib.check(_lib.lib.fkt_plan_sizes(ctypes.byref(self.struct), ctypes.byref(self.options), ctypes.byref(sizes)))
+        return sizes
+
+    def buffer(self, nbytes: int):
+        return self.fw.empty((nbytes,), "uint8", self.inputs.q) if nbytes else None
+
+    def stream(self):
+        return self.fw.stream(self.inputs.q)
+
+
+def state_dtype(fw: Framework, inputs: Inputs) -> str:
+    return "float64" if fw.dtype(inputs.q) == "float64" else "float32"
+
+
+def state_shape(fw: Framework, cfg: Config, inputs: Inputs, num_sequences: int):
+    K, HV, V = fw.shape(inputs.q)[-1], fw.shape(inputs.v)[2], fw.shape(inputs.v)[-1]
+    return (num_sequences, HV, V, K) if cfg.state_v_first else (num_sequences, HV, K, V)
+
+
+def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool,
+            return_intermediate_states: bool = False):
+    """Runs the forward; returns (o, final_state or None, intermediate states or None)."""
+    call = Call(fw, cfg, inputs)
+    sizes = call.sizes()
+    q, v = inputs.q, inputs.v
+    q_dtype = fw.dtype(q)
+    o = fw.empty(tuple(fw.shape(v)), q_dtype, q)
+    final_state = (
+        fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), state_dtype(fw, inputs), q)
+        if output_final_state
+        else None
+    )
+    h = None
+    if return_intermediate_states:
+        K, HV, V = fw.shape(q)[-1], fw.shape(v)[2], fw.shape(v)[-1]
+        tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
+        h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
+    workspace = call.buffer(sizes.forward_workspace_bytes)
+    saved = call.buffer(sizes.saved_bytes)
+    outs = {name: _describe(fw, t) for name, t in
+            dict(o=o, final_state=final_state, intermediate_states=h, saved=saved, workspace=workspace).items()}
+    struct = _lib.ForwardOutputs(**{name: pointer(d) for name, d in outs.items()})
+    _lib.check(_lib.lib.fkt_forward(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct),
+                                    call.stream()))
+    return o, final_state, h
+
+
+def _like(fw: Framework, t, dtype: Optional[str] = None):
+    return fw.empty(tuple(fw.shape(t)), dtype or fw.dtype(t), t) if t is not None else None
+
+
+def _grads(fw: Framework, cfg: Config, inputs: Inputs, dtype: Optional[str] = None) -> Grads:
+    return Grads(
+        dq=_like(fw, inputs.q, dtype),
+        dk=_like(fw, inputs.k, dtype),
+        dv=_like(fw, inputs.v, dtype),
+        dg=_like(fw, inputs.g, dtype),
+        dbeta=_like(fw, inputs.beta, dtype),
+        dA_log=_like(fw, inputs.A_log, dtype) if cfg.use_gate_in_kernel else None,
+        ddt_bias=_like(fw, inputs.dt_bias, dtype) if cfg.use_gate_in_kernel else None,
+        dh0=_like(fw, inputs.initial_state, dtype),
+    )
+
+
+def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state) -> Grads:
+    """Runs the backward; returns every gradient of the differentiable inputs."""
+    call = Call(fw, cfg, inputs)
+    sizes = call.sizes()
+    grads = _grads(fw, cfg, inputs)
+    _call_backward(call, sizes.backward_workspace_bytes, d_o, d_final_state, grads, _lib.lib.fkt_backward)
+    return grads
+
+
+def _call_backward(call: Call, workspace_bytes, d_o, d_final_state, grads, fn, gold=False):
+    workspace = call.buffer(workspace_bytes)
+    tensors = dict(d_o=d_o, d_final_state=d_final_state, saved=None, **grads._asdict(), workspace=workspace)
+    described = {name: _describe(call.fw, t) for name, t in tensors.items()}
+    struct = _lib.BackwardIO(**{name: pointer(d) for name, d in described.items()})
+    if gold:
+        _lib.check(fn(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct)))
+    else:
+        _lib.check(fn(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct), call.stream()))
+
+
+def gold_forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool = True):
+    """The fp64 token-by-token recurrence on the CPU: (o, final_state) in float64 (CPU inputs)."""
+    call = Call(fw, cfg, inputs)
+    sizes = call.sizes()
+    o = fw.empty(tuple(fw.shape(inputs.v)), "float64", inputs.q)
+    final_state = (
+        fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), "float64", inputs.q)
+        if output_final_state else None
+    )
+    do, dht = _describe(fw, o), _describe(fw, final_state)
+    _lib.check(_lib.lib.fkt_gold_forward(ctypes.byref(call.struct), ctypes.byref(call.options), do.ref(),
+                                         pointer(dht)))
+    return o, final_state
+
+
+def gold_backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state) -> Grads:
+    """Exact fp64 gradients of the token-by-token recurrence on the CPU (CPU inputs)."""
+    call = Call(fw, cfg, inputs)
+    grads = _grads(fw, cfg, inputs, "float64")
+    _call_backward(call, 0, d_o, d_final_state, grads, _lib.lib.fkt_gold_backward, gold=True)
+    return grads
+
+
+KNOWN_KWARGS = frozenset({"A_log", "dt_bias", "chunk_size", "transpose_state_layout", "backend"})
+
+
+def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, kwargs: dict,
+            caller: str = "chunk_kda"):
+    """FLA's handling of chunk_kda's options and extra keywords (kda-math.md section 1.3, the
+    parts the library does not validate itself), for adapters without torch.
+
+    Returns ``(config, A_log, dt_bias)``: ``A_log``/``dt_bias`` are None unless the gate is
+    applied in the kernel (FLA ignores them otherwise).
+    """
+    import warnings
+
+    unknown = set(kwargs) - KNOWN_KWARGS
+    if unknown:
+        raise TypeError(f"{caller}: unexpected keyword arguments {sorted(unknown)}; accepted extra keywords are "
+                        f"{sorted(KNOWN_KWARGS)}")
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise ValueError("transpose_state_layout: deprecated alias of state_v_first; pass only state_v_first")
+        warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=3)
+        state_v_first = bool(kwargs["transpose_state_layout"])
+    cfg = Config(scale=float(scale if scale is not None else head_dim ** -0.5), lower_bound=lower_bound,
+                 chunk_size=int(kwargs.get("chunk_size", 64)),
+                 use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
+                 use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),
+                 safe_gate=bool(safe_gate), disable_recompute=bool(disable_recompute),
+                 state_v_first=bool(state_v_first), backend=kwargs.get("backend", "auto"))
+    A_log = kwargs.get("A_log") if use_gate_in_kernel else None
+    dt_bias = kwargs.get("dt_bias") if use_gate_in_kernel else None
+    return cfg, A_log, dt_bias

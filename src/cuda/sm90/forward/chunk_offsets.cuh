@@ -1,0 +1,35 @@
+// Varlen planning on the device: chunk_offsets[n] = sum over earlier sequences of ceil(L / C), from
+// the device copy of cu_seqlens, so the run path needs no host-to-device copy.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/sm90/forward/chunks.cuh"
+
+namespace fkt::cuda {
+
+struct ChunkOffsetsConfig {
+  static constexpr int kThreads = 256;  // one block scans all sequences, kThreads at a time
+};
+
+__global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
+    chunk_offsets_kernel(const __grid_constant__ ForwardParams p) {
+  using Scan = cub::BlockScan<int64_t, ChunkOffsetsConfig::kThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int64_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t base = 0; base < p.N; base += ChunkOffsetsConfig::kThreads) {
+    const int64_t n = base + threadIdx.x;
+    const int64_t chunks = n < p.N ? (offset_at(p, n + 1) - offset_at(p, n) + p.chunk - 1) / p.chunk : 0;
+    int64_t before, tile_total;
+    Scan(scan_storage).ExclusiveSum(chunks, before, tile_total);
+    if (n < p.N) p.ws.chunk_offsets[n] = carry + before;
+    __syncthreads();
+    if (threadIdx.x == 0) carry += tile_total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.ws.chunk_offsets[p.N] = carry;
+}
+
+}  // namespace fkt::cuda

@@ -1,0 +1,53 @@
+// Where chunks and sequences lie in the packed token rows (kda-math.md section 5), on the device.
+#pragma once
+
+#include "cuda/sm90/forward/params.hpp"
+
+namespace fkt::cuda {
+
+__device__ __forceinline__ int64_t offset_at(const ForwardParams& p, int64_t i) {
+  return p.offsets_dtype == DType::kI64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
+                                        : static_cast<const int32_t*>(p.cu_seqlens)[i];
+}
+
+struct SequenceSpan {
+  int64_t first_row;   // packed token row (b * T + t) of its first token
+  int64_t length;
+  int64_t first_chunk; // row of its first chunk in ws.states
+};
+
+__device__ __forceinline__ SequenceSpan sequence_span(const ForwardParams& p, int64_t n) {
+  if (p.cu_seqlens == nullptr) return {n * p.T, p.T, n * p.chunks_per_row};
+  const int64_t begin = offset_at(p, n);
+  return {begin, offset_at(p, n + 1) - begin, p.ws.chunk_offsets[n]};
+}
+
+struct ChunkSpan {
+  int64_t first_row;  // packed token row of its first token
+  int64_t rows;       // valid rows l
+  int64_t batch;      // batch row b (0 when varlen)
+  int64_t index;      // chunk index inside its sequence
+};
+
+// Chunk c of the packed chunk list (dense: row-major over batch rows; varlen: sequence order).
+__device__ __forceinline__ ChunkSpan chunk_span(const ForwardParams& p, int64_t c) {
+  if (p.cu_seqlens == nullptr) {
+    const int64_t b = c / p.chunks_per_row, j = c % p.chunks_per_row;
+    const int64_t first = j * p.chunk;
+    return {b * p.T + first, min(static_cast<int64_t>(p.chunk), p.T - first), b, j};
+  }
+  // The last sequence n with chunk_offsets[n] <= c; it has chunk_offsets[n + 1] > c, so empty
+  // sequences (which share their offset with the next one) are never chosen.
+  int64_t lo = 0, hi = p.N;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (p.ws.chunk_offsets[mid] <= c) lo = mid;
+    else hi = mid;
+  }
+  const int64_t j = c - p.ws.chunk_offsets[lo];
+  const int64_t begin = offset_at(p, lo), end = offset_at(p, lo + 1);
+  const int64_t first = begin + j * p.chunk;
+  return {first, min(static_cast<int64_t>(p.chunk), end - first), 0, j};
+}
+
+}  // namespace fkt::cuda

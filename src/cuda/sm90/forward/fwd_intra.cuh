@@ -1,0 +1,124 @@
+// F2 and F3 on CUDA, one block per (chunk, value head): P and A of the chunk, T = (I + A)^-1 by
+// forward substitution, then W = T diag(beta) K_up, U = T diag(beta) V, K_down and Q_up.
+// fp32 on CUDA cores: the correctness-first version whose tensor-core successor keeps its contract.
+#pragma once
+
+#include "cuda/common/convert.cuh"
+#include "cuda/sm90/forward/chunks.cuh"
+
+namespace fkt::cuda {
+
+struct IntraConfig {
+  static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
+  // fp32 shared memory: q, k, gamma [C, K], v [C, V], beta [C], A and T [C, C + 1] (padded rows).
+  static size_t smem_bytes(int C, int K, int V) {
+    return sizeof(float) * (3 * C * K + C * V + C + 2 * C * (C + 1));
+  }
+};
+
+__device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
+  if (mode == BetaMode::kPlain) return b;
+  const float s = 1.f / (1.f + expf(-b));
+  return mode == BetaMode::kSigmoid ? s : 2.f * s;
+}
+
+// Scales each of `rows` rows of x [rows, K] by 1 / sqrt(sum of squares + 1e-6) (kda-math.md 2.3).
+__device__ __forceinline__ void l2norm_rows(float* x, int rows, int K) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < rows; r += IntraConfig::kWarps) {
+    float sum = 0.f;
+    for (int d = lane; d < K; d += 32) sum += x[r * K + d] * x[r * K + d];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float rstd = rsqrtf(sum + 1e-6f);
+    for (int d = lane; d < K; d += 32) x[r * K + d] *= rstd;
+  }
+}
+
+__global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
+  const ChunkSpan c = chunk_span(p, blockIdx.x);
+  const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
+  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows);
+  extern __shared__ float smem[];
+  float* q = smem;                // [C, K]; later beta * k * exp(gamma)
+  float* k = q + C * K;           // [C, K]
+  float* g = k + C * K;           // [C, K]
+  float* v = g + C * K;           // [C, V]; later beta * v
+  float* beta = v + C * V;        // [C]
+  float* A = beta + C;            // [C, C + 1]
+  float* T = A + C * (C + 1);     // [C, C + 1]
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+
+  for (int x = tid; x < l * K; x += nthreads) {
+    const int r = x / K, d = x % K;
+    const int64_t row = c.first_row + r;
+    q[x] = load_float(p.q, p.qk_dtype, (row * p.H + qk_head) * K + d);
+    k[x] = load_float(p.k, p.qk_dtype, (row * p.H + qk_head) * K + d);
+    g[x] = p.ws.gamma[(row * p.HV + head) * K + d];
+  }
+  for (int x = tid; x < l * V; x += nthreads) {
+    const int64_t row = c.first_row + x / V;
+    v[x] = load_float(p.v, p.v_dtype, (row * p.HV + head) * V + x % V);
+  }
+  for (int r = tid; r < l; r += nthreads) {
+    beta[r] = activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head));
+  }
+  __syncthreads();
+  if (p.l2norm) {
+    l2norm_rows(q, l, K);
+    l2norm_rows(k, l, K);
+    __syncthreads();
+  }
+
+  // P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r (exponent <= 0 for non-positive gates),
+  // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r. Every column of P's rows is written.
+  for (int x = tid; x < l * C; x += nthreads) {
+    const int r = x / C, i = x % C;
+    float qk = 0.f, kk = 0.f;
+    if (i <= r) {
+      for (int d = 0; d < K; ++d) {
+        const float decay = expf(g[r * K + d] - g[i * K + d]);
+        qk += q[r * K + d] * k[i * K + d] * decay;
+        kk += k[r * K + d] * k[i * K + d] * decay;
+      }
+    }
+    p.ws.P[((c.first_row + r) * p.HV + head) * C + i] = p.scale * qk;
+    A[r * (C + 1) + i] = i < r ? beta[r] * kk : 0.f;
+  }
+  __syncthreads();
+  // Row r of (I + A)^-1 is e_r - sum_{m < r} A[r, m] * row m: rows in order, columns in parallel.
+  for (int r = 0; r < l; ++r) {
+    for (int i = tid; i <= r; i += nthreads) {
+      float t = i == r ? 1.f : 0.f;
+      for (int m = i; m < r; ++m) t -= A[r * (C + 1) + m] * T[m * (C + 1) + i];
+      T[r * (C + 1) + i] = t;
+    }
+    __syncthreads();
+  }
+
+  const float* g_last = g + (l - 1) * K;
+  for (int x = tid; x < l * K; x += nthreads) {
+    const int r = x / K, d = x % K;
+    const int64_t out = ((c.first_row + r) * p.HV + head) * K + d;
+    const float up = expf(g[x]);
+    p.ws.q_up[out] = q[x] * up;
+    p.ws.k_down[out] = k[x] * expf(g_last[d] - g[x]);
+    q[x] = beta[r] * k[x] * up;
+  }
+  for (int x = tid; x < l * V; x += nthreads) v[x] *= beta[x / V];
+  __syncthreads();
+  for (int x = tid; x < l * K; x += nthreads) {
+    const int r = x / K, d = x % K;
+    float w = 0.f;
+    for (int i = 0; i <= r; ++i) w += T[r * (C + 1) + i] * q[i * K + d];
+    p.ws.W[((c.first_row + r) * p.HV + head) * K + d] = w;
+  }
+  for (int x = tid; x < l * V; x += nthreads) {
+    const int r = x / V, e = x % V;
+    float u = 0.f;
+    for (int i = 0; i <= r; ++i) u += T[r * (C + 1) + i] * v[i * V + e];
+    p.ws.U[((c.first_row + r) * p.HV + head) * V + e] = u;
+  }
+}
+
+}  // namespace fkt::cuda

@@ -1,0 +1,41 @@
+// The workspace of the CUDA forward: what one stage hands to the next (kda-math.md section 3),
+// carved by one function for sizing (on the host) and for the run.
+#pragma once
+
+#include <cstdint>
+
+#include "core/carver.hpp"
+#include "core/problem.hpp"
+
+namespace fkt::cuda {
+
+struct ForwardWorkspace {
+  float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay (F1)
+  float* P;                // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
+  float* W;                // [B*T, HV, K] (F3)
+  float* k_down;           // [B*T, HV, K] (F3)
+  float* q_up;             // [B*T, HV, K] (F3)
+  float* U;                // [B*T, HV, V] (F3)
+  float* delta;            // [B*T, HV, V] new values (F4)
+  float* states;           // [chunks, HV, K, V] state entering each chunk (F4)
+  int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
+
+  static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
+
+  static ForwardWorkspace carve(Carver& m, const Problem& p) {
+    const int64_t rows = p.B * p.T * p.HV;
+    ForwardWorkspace w{};
+    w.gamma = m.take<float>(rows * p.K);
+    w.P = m.take<float>(rows * p.chunk);
+    w.W = m.take<float>(rows * p.K);
+    w.k_down = m.take<float>(rows * p.K);
+    w.q_up = m.take<float>(rows * p.K);
+    w.U = m.take<float>(rows * p.V);
+    w.delta = m.take<float>(rows * p.V);
+    w.states = m.take<float>(chunks(p) * p.HV * p.K * p.V);
+    w.chunk_offsets = m.take<int64_t>(p.N + 1);
+    return w;
+  }
+};
+
+}  // namespace fkt::cuda
