@@ -17,7 +17,7 @@ BackendSizes plan_sizes(const Problem& p) {
     const cpu::Sizes s = cpu::plan_sizes(p);
     return {s.forward_workspace_bytes, s.backward_workspace_bytes, 0};
   }
-  return {cuda::forward_workspace_bytes(p), 0, 0};
+  return {cuda::forward_workspace_bytes(p), cuda::backward_workspace_bytes(p), 0};
 }
 
 void run_forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
@@ -25,9 +25,9 @@ void run_forward(const Problem& p, const fkt_forward_outputs& out, void* stream)
   cuda::forward(p, out, stream);
 }
 
-void run_backward(const Problem& p, const fkt_backward_io& io, void* /*stream*/) {
+void run_backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   if (p.backend == Backend::kCpu) return cpu::backward(p, io);
-  cuda::check_backward_supported(p);
+  cuda::backward(p, io, stream);
 }
 
 }  // namespace fkt

@@ -53,7 +53,9 @@ uint64_t cp_slot_bytes(const Problem& p, bool backward) {
   return measure.bytes();
 }
 
-int cp_slots(const Problem& p) { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads(), p.HV))); }
+int cp_slots(const Problem& p) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads(), p.HV)));
+}
 
 Problem widened(const Problem& p) {
   Problem wide = p;

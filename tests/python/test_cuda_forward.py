@@ -114,14 +114,6 @@ def test_cuda_graph_replay_with_new_inputs():
     assert torch.equal(o_graph, o_eager) and torch.equal(ht_graph, ht_eager)
 
 
-def test_cuda_backward_refused_with_reason():
-    x = make_inputs(B=1, T=20, K=16, V=16)
-    t = {n: (v.detach().cuda().requires_grad_(True) if v is not None else None) for n, v in x.items()}
-    o, _ = fkt.chunk_kda(t["q"], t["k"], t["v"], t["g"], t["beta"])
-    with pytest.raises(ValueError, match="CUDA backend does not implement the chunk_kda backward yet"):
-        o.sum().backward()
-
-
 def test_unsupported_head_dim_refused():
     x = make_inputs(requires_grad=False, B=1, T=8, K=160, V=16)
     t = {n: (v.cuda() if v is not None else None) for n, v in x.items()}

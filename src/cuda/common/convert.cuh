@@ -31,6 +31,7 @@ __device__ __forceinline__ void store_float(void* base, DType dtype, int64_t i, 
   switch (dtype) {
     case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); break;
     case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    case DType::kF64: static_cast<double*>(base)[i] = x; break;
     default: static_cast<float*>(base)[i] = x; break;
   }
 }

@@ -70,6 +70,15 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
     __syncthreads();
   }
 
+  if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
+    for (int x = tid; x < l * K; x += nthreads) {
+      const int64_t out = ((c.first_row + x / K) * p.HV + head) * K + x % K;
+      p.ws.q_hat[out] = q[x];
+      p.ws.k_hat[out] = k[x];
+    }
+    for (int r = tid; r < l; r += nthreads) p.ws.beta_act[(c.first_row + r) * p.HV + head] = beta[r];
+  }
+
   // P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r (exponent <= 0 for non-positive gates),
   // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r. Every column of P's rows is written.
   for (int x = tid; x < l * C; x += nthreads) {
@@ -96,6 +105,12 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
     __syncthreads();
   }
 
+  if (p.ws.T != nullptr) {
+    for (int x = tid; x < l * C; x += nthreads) {
+      const int r = x / C, i = x % C;
+      p.ws.T[((c.first_row + r) * p.HV + head) * C + i] = i <= r ? T[r * (C + 1) + i] : 0.f;
+    }
+  }
   const float* g_last = g + (l - 1) * K;
   for (int x = tid; x < l * K; x += nthreads) {
     const int r = x / K, d = x % K;

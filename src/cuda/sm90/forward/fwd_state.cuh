@@ -14,12 +14,6 @@ struct StateConfig {
   static size_t smem_bytes(int C, int K) { return sizeof(float) * (K * kTileV + 2 * C * K + C * kTileV + K); }
 };
 
-// Element (d, e) of the state of (sequence n, value head) in a [N, HV, K, V] or [N, HV, V, K] tensor.
-__device__ __forceinline__ int64_t state_index(const ForwardParams& p, int64_t n, int head, int d, int e) {
-  const int64_t base = (n * p.HV + head) * static_cast<int64_t>(p.K) * p.V;
-  return base + (p.state_v_first ? static_cast<int64_t>(e) * p.K + d : static_cast<int64_t>(d) * p.V + e);
-}
-
 __global__ void __launch_bounds__(StateConfig::kThreads) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = StateConfig::kTileV;
   const int64_t n = blockIdx.x;

@@ -19,10 +19,15 @@ struct ForwardWorkspace {
   float* delta;            // [B*T, HV, V] new values (F4)
   float* states;           // [chunks, HV, K, V] state entering each chunk (F4)
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
+  // Kept by the backward's recompute only (nullptr in the forward):
+  float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
+  float* q_hat;            // [B*T, HV, K] q as the value head reads it (l2-normalised when requested)
+  float* k_hat;            // [B*T, HV, K]
+  float* beta_act;         // [B*T, HV] activated beta
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  static ForwardWorkspace carve(Carver& m, const Problem& p) {
+  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     w.gamma = m.take<float>(rows * p.K);
@@ -34,6 +39,12 @@ struct ForwardWorkspace {
     w.delta = m.take<float>(rows * p.V);
     w.states = m.take<float>(chunks(p) * p.HV * p.K * p.V);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
+    if (for_backward) {
+      w.T = m.take<float>(rows * p.chunk);
+      w.q_hat = m.take<float>(rows * p.K);
+      w.k_hat = m.take<float>(rows * p.K);
+      w.beta_act = m.take<float>(rows);
+    }
     return w;
   }
 };

@@ -2,16 +2,12 @@
 // (section 3.3), written as gamma in natural log. Chunks restart at every sequence start (section 5).
 #pragma once
 
+#include "cuda/common/activation.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/sm90/fwd_gate_cumsum/config.hpp"
 #include "cuda/sm90/fwd_gate_cumsum/params.hpp"
 
 namespace fkt::cuda {
-
-// softplus and sigmoid exactly as the CPU twin evaluates them (precise expf/log1pf, threshold 20),
-// so the two differ only by the last bits of the libraries.
-__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
 // The part of a_t = activation(g_t) that is fixed for one column (value head, d).
 struct ColumnGate {

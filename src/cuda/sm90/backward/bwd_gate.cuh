@@ -1,0 +1,96 @@
+// B6, B7 and the beta half of B8 on CUDA, one block per (chunk, value head) (kda-math.md sections
+// 4.6 to 4.8): da = the reverse chunk-local cumsum of dgamma, chained through the gate activation
+// into dg and the per-chunk partials of dA_log and ddt_bias; dbeta chained through the beta
+// activation. The twin of src/cpu/bwd_gate_cumsum.cpp and src/cpu/bwd_gate.cpp (dv is B3's).
+#pragma once
+
+#include "cuda/common/activation.cuh"
+#include "cuda/common/convert.cuh"
+#include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/forward/chunks.cuh"
+
+namespace fkt::cuda {
+
+struct BwdGateConfig {
+  static constexpr int kThreads = 128;  // one thread per column d (K <= 128 in one pass)
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRowsInFlight = 8;
+  static size_t smem_bytes(int, int, int) { return 0; }
+};
+
+__global__ void __launch_bounds__(BwdGateConfig::kThreads) bwd_gate_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kBatch = BwdGateConfig::kRowsInFlight;
+  const ForwardParams& f = p.fwd;
+  const int64_t chunk = blockIdx.x;
+  const ChunkSpan c = chunk_span(f, chunk);
+  const int head = blockIdx.y, K = f.K, l = static_cast<int>(c.rows);
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const bool in_kernel = p.gate != GateMode::kPrecomputed;
+  const float rate = p.A_log ? expf(load_float(p.A_log, p.A_log_dtype, head)) : 1.f;
+
+  double dA_log = 0.0;  // this thread's share of the chunk's dA_log partial
+  for (int d = tid; d < K; d += nthreads) {
+    const float bias = p.dt_bias ? load_float(p.dt_bias, p.dt_bias_dtype, head * K + d) : 0.f;
+    float da = 0.f;
+    double ddt_bias = 0.0;
+    // Rows from the last: da of row r is da of row r + 1 plus dgamma_r, the CPU's sum bit for bit.
+    // A batch's loads are issued before its serial sums, which would otherwise wait on each load.
+    for (int r0 = l - 1; r0 >= 0; r0 -= kBatch) {
+      float dgamma[kBatch], g[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t at = ((c.first_row + r0 - u) * f.HV + head) * K + d;
+        dgamma[u] = r0 - u >= 0 ? p.ws.dgamma[at] : 0.f;
+        g[u] = r0 - u >= 0 && in_kernel ? load_float(p.g, p.g_dtype, at) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (r0 - u < 0) break;
+        da += dgamma[u];
+        float dx = da;
+        if (in_kernel) {
+          const float x = g[u] + bias;
+          if (p.gate == GateMode::kSoftplus) {
+            dx = -da * rate * (x > 20.f ? 1.f : sigmoid(x));
+            dA_log += static_cast<double>(da * (-rate * softplus(x)));  // da * a
+          } else {
+            const float sig = sigmoid(rate * x);
+            dx = da * p.lower_bound * sig * (1.f - sig) * rate;
+            dA_log += static_cast<double>(dx * x);
+          }
+          ddt_bias += static_cast<double>(dx);
+        }
+        if (p.dg) store_float(p.dg, p.dg_dtype, ((c.first_row + r0 - u) * f.HV + head) * K + d, dx);
+      }
+    }
+    if (in_kernel) p.ws.ddt_bias_parts[(chunk * f.HV + head) * K + d] = ddt_bias;
+  }
+
+  // dA_log partial of the chunk: a butterfly in each warp, then the warps in order (reproducible).
+  // in_kernel is the same for the whole block, so the barrier is reached by every thread or none.
+  if (in_kernel) {
+    __shared__ double warp_sums[BwdGateConfig::kWarps];
+    for (int offset = 16; offset > 0; offset /= 2) dA_log += __shfl_xor_sync(0xffffffffu, dA_log, offset);
+    if (tid % 32 == 0) warp_sums[tid / 32] = dA_log;
+    __syncthreads();
+    if (tid == 0) {
+      double sum = 0.0;
+      for (int w = 0; w < BwdGateConfig::kWarps; ++w) sum += warp_sums[w];
+      p.ws.dA_log_parts[chunk * f.HV + head] = sum;
+    }
+  }
+
+  if (p.dbeta) {
+    for (int r = tid; r < l; r += nthreads) {
+      const int64_t at = (c.first_row + r) * f.HV + head;
+      float grad = p.ws.dbeta[at];
+      if (f.beta_mode != BetaMode::kPlain) {
+        const float sig = sigmoid(load_float(f.beta, f.beta_dtype, at));
+        grad *= (f.beta_mode == BetaMode::kTwoSigmoid ? 2.f : 1.f) * sig * (1.f - sig);
+      }
+      store_float(p.dbeta, p.dbeta_dtype, at, grad);
+    }
+  }
+}
+
+}  // namespace fkt::cuda

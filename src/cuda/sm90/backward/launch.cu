@@ -1,0 +1,94 @@
+// Host side of the CUDA backward: recompute the forward intermediates (F1 to F4, keeping T and the
+// activated inputs), then B1 to B8 and the parameter-gradient reduction. No allocation, no copy
+// and no synchronisation: everything is enqueued on the caller's stream.
+#include "core/error.hpp"
+#include "cuda/backend.hpp"
+#include "cuda/common/device_guard.cuh"
+#include "cuda/sm90/backward/bwd_dp.cuh"
+#include "cuda/sm90/backward/bwd_gate.cuh"
+#include "cuda/sm90/backward/bwd_intra.cuh"
+#include "cuda/sm90/backward/bwd_params.cuh"
+#include "cuda/sm90/backward/bwd_prepare.cuh"
+#include "cuda/sm90/backward/bwd_state.cuh"
+#include "cuda/sm90/backward/bwd_wy_inter.cuh"
+#include "cuda/sm90/launch.cuh"
+
+namespace fkt::cuda {
+namespace {
+
+BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
+  Carver carver(TensorRef(io.workspace, "workspace").bytes());
+  BackwardParams params{};
+  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, true));
+  params.ws = BackwardWorkspace::carve(carver, p);
+  const TensorRef d_o(io.d_o, "d_o");
+  params.d_o = d_o.bytes();
+  params.d_o_dtype = d_o.dtype;
+  params.d_final_state = static_cast<const float*>(data_or_null(io.d_final_state, "d_final_state"));
+  params.g = p.g.bytes();
+  params.g_dtype = p.g.dtype;
+  params.A_log = p.A_log.present() ? p.A_log.bytes() : nullptr;
+  params.A_log_dtype = p.A_log.dtype;
+  params.dt_bias = p.dt_bias.present() ? p.dt_bias.bytes() : nullptr;
+  params.dt_bias_dtype = p.dt_bias.dtype;
+  params.gate = p.gate;
+  params.lower_bound = static_cast<float>(p.lower_bound);
+  params.dq = data_or_null(io.dq, "dq");
+  params.dk = data_or_null(io.dk, "dk");
+  params.dv = data_or_null(io.dv, "dv");
+  params.dg = data_or_null(io.dg, "dg");
+  params.dbeta = data_or_null(io.dbeta, "dbeta");
+  params.dA_log = data_or_null(io.dA_log, "dA_log");
+  params.ddt_bias = data_or_null(io.ddt_bias, "ddt_bias");
+  params.dh0 = static_cast<float*>(data_or_null(io.dh0, "dh0"));
+  params.dv_dtype = p.v.dtype;
+  params.dg_dtype = p.g.dtype;
+  params.dbeta_dtype = p.beta.dtype;
+  params.dA_log_dtype = p.A_log.dtype;
+  params.ddt_bias_dtype = p.dt_bias.dtype;
+  return params;
+}
+
+unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>((extent + tile - 1) / tile); }
+
+}  // namespace
+
+uint64_t backward_workspace_bytes(const Problem& p) {
+  Carver measure;
+  ForwardWorkspace::carve(measure, p, true);
+  BackwardWorkspace::carve(measure, p);
+  return measure.bytes();
+}
+
+void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
+  FKT_CHECK(TensorRef(io.d_o, "d_o").contiguous()) << "d_o: the CUDA backend reads a contiguous gradient";
+  FKT_CHECK(!io.d_final_state || TensorRef(io.d_final_state, "d_final_state").contiguous())
+      << "d_final_state: the CUDA backend reads a contiguous gradient";
+  const BackwardParams params = make_params(p, io);
+  const DeviceGuard device(p.device.device_id);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
+  const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
+  const auto per_sequence = [&](int tile) {
+    return dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.HV), tiles(p.V, tile));
+  };
+
+  // B0: the forward's intermediates again, keeping T and the activated inputs (no output).
+  forward_stages(p, params.fwd, stream);
+
+  launch(bwd_dp_kernel, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
+  launch(bwd_state_kernel, per_sequence(BwdStateConfig::kTileV), BwdStateConfig::kThreads,
+         BwdStateConfig::smem_bytes(C, K, V), s, params);
+  launch(bwd_wy_inter_kernel, per_chunk, WyInterConfig::kThreads, WyInterConfig::smem_bytes(C, K, V), s, params);
+  launch(bwd_intra_kernel, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
+  launch(bwd_gate_kernel, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V), s, params);
+  const int64_t qk_rows = p.B * p.T * p.H;
+  launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,
+         BwdPrepareConfig::smem_bytes(C, K, V), s, params);
+  if (p.gate != GateMode::kPrecomputed && (io.dA_log || io.ddt_bias)) {
+    launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
+           BwdParamsConfig::smem_bytes(C, K, V), s, params);
+  }
+}
+
+}  // namespace fkt::cuda

@@ -1,0 +1,67 @@
+// Arguments shared by the CUDA backward stages B1 to B8 (kda-math.md section 4).
+#pragma once
+
+#include <cstdint>
+
+#include "core/carver.hpp"
+#include "core/problem.hpp"
+#include "cuda/sm90/forward/params.hpp"
+
+namespace fkt::cuda {
+
+// What the backward stages hand to each other; every row index is a (token, value head) row
+// (b * T + t) * HV + head unless said otherwise. fp32 throughout.
+struct BackwardWorkspace {
+  float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
+  float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3)
+  float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
+  float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
+  float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4)
+  float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4)
+  float* dgamma;            // [B*T, HV, K] gradient of gamma (B3, B4)
+  float* dbeta;             // [B*T, HV] gradient of the activated beta (B3, B4)
+  double* dA_log_parts;     // [chunks, HV] partial sums of dA_log per chunk (B7)
+  double* ddt_bias_parts;   // [chunks, HV, K] partial sums of ddt_bias per chunk (B7)
+
+  static BackwardWorkspace carve(Carver& m, const Problem& p) {
+    const int64_t rows = p.B * p.T * p.HV, chunks = ForwardWorkspace::chunks(p);
+    BackwardWorkspace w{};
+    w.dP = m.take<float>(rows * p.chunk);
+    w.dA = m.take<float>(rows * p.chunk);
+    w.d_delta = m.take<float>(rows * p.V);
+    w.d_states = m.take<float>(chunks * p.HV * p.K * p.V);
+    w.dq = m.take<float>(rows * p.K);
+    w.dk = m.take<float>(rows * p.K);
+    w.dgamma = m.take<float>(rows * p.K);
+    w.dbeta = m.take<float>(rows);
+    w.dA_log_parts = m.take<double>(chunks * p.HV);
+    w.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
+    return w;
+  }
+};
+
+struct BackwardParams {
+  ForwardParams fwd;           // inputs, shapes and the recomputed forward workspace (fwd.o unused)
+  BackwardWorkspace ws;
+  const void* d_o;             // [B, T, HV, V] contiguous, d_o_dtype
+  const float* d_final_state;  // like the final state; may be nullptr
+  // Raw gate and its parameters, for B7 (A_log, dt_bias nullptr when absent or unused).
+  const void* g;               // [B, T, HV, K] contiguous, g_dtype
+  const void* A_log;           // [HV]
+  const void* dt_bias;         // [HV * K]
+  GateMode gate;
+  float lower_bound;
+  // Outputs; each may be nullptr (not requested). Dtypes are those of the matching input.
+  void* dq;                    // [B, T, H, K]
+  void* dk;                    // [B, T, H, K]
+  void* dv;                    // [B, T, HV, V]
+  void* dg;                    // [B, T, HV, K]
+  void* dbeta;                 // [B, T, HV]
+  void* dA_log;                // [HV]
+  void* ddt_bias;              // [HV * K]
+  float* dh0;                  // like the initial state
+  DType d_o_dtype, g_dtype, A_log_dtype, dt_bias_dtype, dv_dtype, dg_dtype, dbeta_dtype, dA_log_dtype,
+      ddt_bias_dtype;
+};
+
+}  // namespace fkt::cuda

@@ -1,0 +1,55 @@
+// Host helpers shared by the forward and backward launchers.
+#pragma once
+
+#include "core/error.hpp"
+#include "cuda/common/check.cuh"
+#include "cuda/sm90/forward/params.hpp"
+
+namespace fkt::cuda {
+
+// Launches a kernel taking one params struct, with `smem` bytes of dynamic shared memory; an empty
+// grid launches nothing. Every launch is checked.
+template <typename Kernel, typename Params>
+void launch(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, const Params& params) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  FKT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, threads, smem, stream>>>(params);
+  FKT_CUDA_CHECK(cudaGetLastError());
+}
+
+// The inputs, options and shapes every stage reads; outputs are left null for the caller to set.
+inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws) {
+  ForwardParams params{};
+  params.q = p.q.bytes();
+  params.k = p.k.bytes();
+  params.v = p.v.bytes();
+  params.beta = p.beta.bytes();
+  params.initial_state = p.initial_state.present() ? reinterpret_cast<const float*>(p.initial_state.bytes()) : nullptr;
+  params.cu_seqlens = p.varlen ? p.cu_seqlens_device.bytes() : nullptr;
+  params.ws = ws;
+  params.qk_dtype = p.q.dtype;
+  params.v_dtype = p.v.dtype;
+  params.beta_dtype = p.beta.dtype;
+  params.o_dtype = p.input_dtype;
+  params.offsets_dtype = p.varlen ? p.cu_seqlens_device.dtype : DType::kI64;
+  params.beta_mode = p.beta_mode;
+  params.l2norm = p.l2norm;
+  params.state_v_first = p.state_v_first;
+  params.scale = static_cast<float>(p.scale);
+  params.T = p.T;
+  params.N = p.N;
+  params.chunks_per_row = (p.T + p.chunk - 1) / p.chunk;
+  params.H = static_cast<int32_t>(p.H);
+  params.HV = static_cast<int32_t>(p.HV);
+  params.K = static_cast<int32_t>(p.K);
+  params.V = static_cast<int32_t>(p.V);
+  params.chunk = p.chunk;
+  return params;
+}
+
+// F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
+void forward_stages(const Problem& p, const ForwardParams& params, void* stream);
+
+inline void* data_or_null(const fkt_tensor* t, const char* name) { return t ? TensorRef(t, name).bytes() : nullptr; }
+
+}  // namespace fkt::cuda

@@ -1,0 +1,132 @@
+"""The CUDA backward (H200): every gradient against the fp64 gold, no worse than the CPU backend's
+fp32 error on the same inputs; determinism; forward + backward captured in one CUDA graph."""
+
+import pytest
+import torch
+
+import flash_kda_train as fkt
+from kda_cases import LEAVES, make_inputs, rel_rms
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
+                                reason="needs a CUDA GPU and a library built with the CUDA backend")
+
+CASES = [
+    dict(),
+    dict(gate_in_kernel=True),
+    dict(gate_in_kernel=True, lower_bound=-5.0, safe_gate=True, HV=4, l2norm=True),
+    dict(gate_in_kernel=True, lower_bound=-3.0, no_A_log=True, beta_logits=True, allow_neg_eigval=True),
+    dict(K=128, V=128, T=200, HV=4),
+    dict(K=64, V=96, state_v_first=True, chunk_size=32, T=130),
+    dict(B=1, T=300, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True, l2norm=True),
+    dict(B=1, T=200, cu_seqlens=[0, 0, 3, 3, 67, 130, 130, 200]),
+    dict(T=1), dict(T=65), dict(state=False, final=False),
+]
+
+
+def run(case, device, dtype=torch.float32, seed=0):
+    case = dict(case)
+    opts = dict(chunk_size=case.pop("chunk_size", 64), use_qk_l2norm_in_kernel=case.pop("l2norm", False),
+                lower_bound=case.pop("lower_bound", None), safe_gate=case.pop("safe_gate", False),
+                allow_neg_eigval=case.pop("allow_neg_eigval", False), output_final_state=case.pop("final", True),
+                use_gate_in_kernel=case.get("gate_in_kernel", False),
+                use_beta_sigmoid_in_kernel=case.get("beta_logits", False), state_v_first=case.get("state_v_first", False))
+    no_A_log = case.pop("no_A_log", False)
+    torch.manual_seed(seed)
+    x = make_inputs(dtype=dtype, requires_grad=False, **case)
+    if no_A_log:
+        x["A_log"] = None
+    do = torch.randn(x["v"].shape).to(dtype)
+    leaves = {n: (t.to(device).requires_grad_(n not in ("cu_seqlens",)) if t is not None else None)
+              for n, t in x.items()}
+    o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                          initial_state=leaves["initial_state"], A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
+                          cu_seqlens=leaves.get("cu_seqlens"), **opts)
+    outs, grads_in = [o], [do.to(device)]
+    if ht is not None:
+        outs.append(ht)
+        grads_in.append(torch.randn(ht.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device))
+    torch.autograd.backward(outs, grads_in)
+    result = {"o": o.detach().cpu()}
+    if ht is not None:
+        result["final_state"] = ht.detach().cpu()
+    for name, leaf in LEAVES:
+        t = leaves.get(leaf)
+        result[name] = t.grad.cpu() if t is not None and t.grad is not None else None
+    gold_in = {"do": do, "dht": grads_in[1].cpu() if ht is not None else None}
+    return result, x, opts, gold_in
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_gradients_match_gold_like_cpu(case):
+    cuda, x, opts, gin = run(case, "cuda")
+    cpu, _, _, _ = run(case, "cpu")
+    gold_o, gold_ht, gold = fkt.reference.gold(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"], dht=gin["dht"], initial_state=x["initial_state"],
+        A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x.get("cu_seqlens"),
+        **{k: v for k, v in opts.items() if k != "output_final_state"}, output_final_state=opts["output_final_state"])
+    refs = {"o": gold_o, "final_state": gold_ht, **gold._asdict()}
+    for name, value in cuda.items():
+        if refs.get(name) is None:
+            assert value is None, name
+            continue
+        err_cuda, err_cpu = rel_rms(value, refs[name]), rel_rms(cpu[name], refs[name])
+        # fp32 on both sides, different summation order: the CUDA error stays at the CPU's level.
+        assert err_cuda <= 4 * err_cpu + 1e-6, (name, err_cuda, err_cpu)
+
+
+@pytest.mark.parametrize("dtype,bound", [(torch.bfloat16, 4e-3), (torch.float16, 1e-3)])
+def test_low_precision_gradients_match_gold(dtype, bound):
+    case = dict(B=1, T=300, H=2, HV=4, K=64, V=64, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True,
+                lower_bound=-5.0, safe_gate=True)
+    cuda, x, opts, gin = run(case, "cuda", dtype)
+    _, _, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"], dht=gin["dht"],
+                                    initial_state=x["initial_state"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                    cu_seqlens=x["cu_seqlens"],
+                                    **{k: v for k, v in opts.items() if k != "output_final_state"})
+    for name in ("dq", "dk", "dv", "dg", "dbeta"):
+        assert rel_rms(cuda[name], getattr(gold, name)) < bound, name
+    for name in ("dh0", "dA_log", "ddt_bias"):
+        assert rel_rms(cuda[name], getattr(gold, name)) < 1e-4, name
+
+
+def test_backward_is_deterministic():
+    first, _, _, _ = run(CASES[6], "cuda")
+    second, _, _, _ = run(CASES[6], "cuda")
+    for name, value in first.items():
+        if value is not None:
+            assert torch.equal(value, second[name]), name
+
+
+def test_forward_backward_in_one_cuda_graph():
+    x = make_inputs(requires_grad=False, B=2, T=130, H=2, HV=4, K=64, V=64, gate_in_kernel=True)
+    static = {n: (t.cuda().requires_grad_(True) if t is not None else None) for n, t in x.items()}
+    do = torch.randn(2, 130, 4, 64, device="cuda")
+    kw = dict(use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True)
+
+    def step():
+        for t in static.values():
+            if t is not None:
+                t.grad = None
+        o, _ = fkt.chunk_kda(static["q"], static["k"], static["v"], static["g"], static["beta"],
+                             initial_state=static["initial_state"], A_log=static["A_log"], dt_bias=static["dt_bias"], **kw)
+        o.backward(do)
+        return [o.detach()] + [static[n].grad for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")]
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    fresh = make_inputs(requires_grad=False, B=2, T=130, H=2, HV=4, K=64, V=64, gate_in_kernel=True)
+    with torch.no_grad():
+        for name, t in fresh.items():
+            if t is not None:
+                static[name].copy_(t)
+    graph.replay()
+    eager = step()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.equal(a, b)
