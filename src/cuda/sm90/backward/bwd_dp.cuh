@@ -10,8 +10,9 @@ namespace fkt::cuda {
 
 struct DpConfig {
   static constexpr int kThreads = 256;
-  // fp32 shared memory: dO and delta [C, V], P [C, C].
-  static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (2 * C * V + C * C); }
+  // fp32 shared memory: dO [C, V], delta [C, V + 1] (odd stride: its rows are walked across
+  // threads), P [C, C].
+  static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (C * V + C * (V + 1) + C * C); }
 };
 
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
@@ -20,13 +21,13 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   const int head = blockIdx.y, C = f.chunk, V = f.V, l = static_cast<int>(c.rows);
   extern __shared__ float smem[];
   float* d_o = smem;          // [C, V]
-  float* delta = d_o + C * V; // [C, V]
-  float* P = delta + C * V;   // [C, C]
+  float* delta = d_o + C * V; // [C, V + 1]
+  float* P = delta + C * (V + 1);  // [C, C]
   const int tid = threadIdx.x, nthreads = blockDim.x;
   for (int x = tid; x < l * V; x += nthreads) {
     const int64_t at = ((c.first_row + x / V) * f.HV + head) * V + x % V;
     d_o[x] = load_float(p.d_o, p.d_o_dtype, at);
-    delta[x] = f.ws.delta[at];
+    delta[x / V * (V + 1) + x % V] = f.ws.delta[at];
   }
   for (int x = tid; x < l * C; x += nthreads) P[x] = f.ws.P[((c.first_row + x / C) * f.HV + head) * C + x % C];
   __syncthreads();
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     const int r = x / C, i = x % C;
     float acc = 0.f;
     if (i <= r) {
-      for (int e = 0; e < V; ++e) acc += d_o[r * V + e] * delta[i * V + e];
+      for (int e = 0; e < V; ++e) acc += d_o[r * V + e] * delta[i * (V + 1) + e];
     }
     p.ws.dP[((c.first_row + r) * f.HV + head) * C + i] = f.scale * acc;
   }

@@ -14,11 +14,14 @@ struct WyInterConfig {
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
-  __host__ __device__ static int width(int C, int K, int V) { return max(max(K, V), C + 1); }
-  // fp32 shared memory: three [C, width] buffers; a region for phase-1 tiles (S, dS [K, tile];
-  // dO, delta, d_delta [C, tile]) that later holds T [C, C + 1] and d_delta [C, V]; carry [K].
+  // Row stride of the [C, width] buffers: odd, so walks down a column (varying row) are free of
+  // bank conflicts.
+  __host__ __device__ static int width(int C, int K, int V) { return max(max(K, V), C + 1) | 1; }
+  // fp32 shared memory: three [C, width] buffers; a region for phase-1 tiles (S, dS transposed
+  // [tile, K + 1]; dO, delta, d_delta [C, tile]) that later holds T [C, C + 1], d_delta [C, V] and
+  // v [C, V + 1]; carry [K].
   __host__ __device__ static int region(int C, int K, int V) {
-    return max(2 * K * kTileV + 3 * C * kTileV, C * (C + 1) + C * V);
+    return max(2 * (K + 1) * kTileV + 3 * C * kTileV, C * (C + 1) + C * V + C * (V + 1));
   }
   static size_t smem_bytes(int C, int K, int V) {
     return sizeof(float) * (3 * C * width(C, K, V) + region(C, K, V) + K);
@@ -36,7 +39,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   float* B0 = smem;                     // dO S^T, then Y_w = T^T dW, then dT
   float* B1 = B0 + C * Wd;              // delta dS^T, then dk_inter, then K_up, then Z = tril(dT) T^T
   float* B2 = B1 + C * Wd;              // d_delta S^T, then dW
-  float* R = B2 + C * Wd;               // phase-1 tiles, then T [C, C + 1] and d_delta [C, V]
+  float* R = B2 + C * Wd;               // phase-1 tiles, then T, d_delta and v
   float* carry = R + WyInterConfig::region(C, K, V);  // [K] sum_e S[d, e] dS[d, e]
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -46,9 +49,10 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T, carry = rowsum(S * dS), by V-tiles.
   for (int x = tid; x < l * K; x += nthreads) B0[x / K * Wd + x % K] = B1[x / K * Wd + x % K] = B2[x / K * Wd + x % K] = 0.f;
   for (int d = tid; d < K; d += nthreads) carry[d] = 0.f;
-  float* S = R;                    // [K, kTile]
-  float* dS = S + K * kTile;       // [K, kTile]
-  float* tile_do = dS + K * kTile; // [C, kTile]
+  const int ls = K + 1;            // row stride of the transposed state tiles
+  float* S = R;                    // [kTile, ls]: S[e * ls + d] = state[d, e0 + e]
+  float* dS = S + kTile * ls;      // [kTile, ls]
+  float* tile_do = dS + kTile * ls; // [C, kTile]
   float* tile_delta = tile_do + C * kTile;
   float* tile_dd = tile_delta + C * kTile;
   for (int e0 = 0; e0 < V; e0 += kTile) {
@@ -57,8 +61,8 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     for (int x = tid; x < K * kTile; x += nthreads) {
       const int d = x / kTile, e = x % kTile;
       const bool in = e < width;
-      S[x] = in ? f.ws.states[state + static_cast<int64_t>(d) * V + e0 + e] : 0.f;
-      dS[x] = in ? p.ws.d_states[state + static_cast<int64_t>(d) * V + e0 + e] : 0.f;
+      S[e * ls + d] = in ? f.ws.states[state + static_cast<int64_t>(d) * V + e0 + e] : 0.f;
+      dS[e * ls + d] = in ? p.ws.d_states[state + static_cast<int64_t>(d) * V + e0 + e] : 0.f;
     }
     for (int x = tid; x < C * kTile; x += nthreads) {
       const int r = x / kTile, e = x % kTile;
@@ -73,9 +77,9 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       const int r = x / K, d = x % K;
       float a0 = 0.f, a1 = 0.f, a2 = 0.f;
       for (int e = 0; e < width; ++e) {
-        a0 += tile_do[r * kTile + e] * S[d * kTile + e];
-        a1 += tile_delta[r * kTile + e] * dS[d * kTile + e];
-        a2 += tile_dd[r * kTile + e] * S[d * kTile + e];
+        a0 += tile_do[r * kTile + e] * S[e * ls + d];
+        a1 += tile_delta[r * kTile + e] * dS[e * ls + d];
+        a2 += tile_dd[r * kTile + e] * S[e * ls + d];
       }
       B0[r * Wd + d] += a0;
       B1[r * Wd + d] += a1;
@@ -83,7 +87,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     }
     for (int d = tid; d < K; d += nthreads) {
       float acc = 0.f;
-      for (int e = 0; e < width; ++e) acc += S[d * kTile + e] * dS[d * kTile + e];
+      for (int e = 0; e < width; ++e) acc += S[e * ls + d] * dS[e * ls + d];
       carry[d] += acc;
     }
   }
@@ -105,9 +109,13 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   }
   float* T = R;                   // [C, C + 1]
   float* dd = T + C * (C + 1);    // [C, V]
+  float* vs = dd + C * V;         // [C, V + 1]
   __syncthreads();
   for (int x = tid; x < l * C; x += nthreads) T[x / C * (C + 1) + x % C] = f.ws.T[row_at(x / C) * C + x % C];
-  for (int x = tid; x < l * V; x += nthreads) dd[x] = p.ws.d_delta[row_at(x / V) * V + x % V];
+  for (int x = tid; x < l * V; x += nthreads) {
+    dd[x] = p.ws.d_delta[row_at(x / V) * V + x % V];
+    vs[x / V * (V + 1) + x % V] = load_float(f.v, f.v_dtype, row_at(x / V) * V + x % V);
+  }
   __syncthreads();
 
   // Phase 3: B0 = Y_w = T^T dW.
@@ -129,7 +137,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       float yu = 0.f;
       for (int r = i; r < l; ++r) yu += T[r * (C + 1) + i] * dd[r * V + e];
       if (p.dv != nullptr) store_float(p.dv, p.dv_dtype, row * V + e, beta * yu);
-      db += yu * load_float(f.v, f.v_dtype, row * V + e);
+      db += yu * vs[i * (V + 1) + e];
     }
     for (int d = lane; d < K; d += 32) db += B0[i * Wd + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
     for (int offset = 16; offset > 0; offset /= 2) db += __shfl_xor_sync(0xffffffffu, db, offset);
@@ -160,7 +168,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     const int r = x / C, i = x % C;
     float acc = 0.f;
     if (i < r) {
-      for (int e = 0; e < V; ++e) acc += dd[r * V + e] * load_float(f.v, f.v_dtype, row_at(i) * V + e);
+      for (int e = 0; e < V; ++e) acc += dd[r * V + e] * vs[i * (V + 1) + e];
       for (int d = 0; d < K; ++d) acc += B2[r * Wd + d] * B1[i * Wd + d];
       acc *= f.ws.beta_act[row_at(i)];
     }

@@ -11,9 +11,10 @@ namespace fkt::cuda {
 struct IntraConfig {
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
-  // fp32 shared memory: q, k, gamma [C, K], v [C, V], beta [C], A and T [C, C + 1] (padded rows).
+  // fp32 shared memory: q, k, gamma [C, K + 1], v [C, V], beta [C], A and T [C, C + 1]. The odd
+  // row strides keep column walks (fixed d, varying row) free of bank conflicts.
   static size_t smem_bytes(int C, int K, int V) {
-    return sizeof(float) * (3 * C * K + C * V + C + 2 * C * (C + 1));
+    return sizeof(float) * (3 * C * (K + 1) + C * V + C + 2 * C * (C + 1));
   }
 };
 
@@ -23,27 +24,28 @@ __device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
   return mode == BetaMode::kSigmoid ? s : 2.f * s;
 }
 
-// Scales each of `rows` rows of x [rows, K] by 1 / sqrt(sum of squares + 1e-6) (kda-math.md 2.3).
-__device__ __forceinline__ void l2norm_rows(float* x, int rows, int K) {
+// Scales each of `rows` rows of x [rows, K] (row stride ld) by 1 / sqrt(sum of squares + 1e-6)
+// (kda-math.md 2.3).
+__device__ __forceinline__ void l2norm_rows(float* x, int rows, int K, int ld) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < rows; r += IntraConfig::kWarps) {
     float sum = 0.f;
-    for (int d = lane; d < K; d += 32) sum += x[r * K + d] * x[r * K + d];
+    for (int d = lane; d < K; d += 32) sum += x[r * ld + d] * x[r * ld + d];
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const float rstd = rsqrtf(sum + 1e-6f);
-    for (int d = lane; d < K; d += 32) x[r * K + d] *= rstd;
+    for (int d = lane; d < K; d += 32) x[r * ld + d] *= rstd;
   }
 }
 
 __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   const ChunkSpan c = chunk_span(p, blockIdx.x);
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
-  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows);
+  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), ld = K + 1;
   extern __shared__ float smem[];
-  float* q = smem;                // [C, K]; later beta * k * exp(gamma)
-  float* k = q + C * K;           // [C, K]
-  float* g = k + C * K;           // [C, K]
-  float* v = g + C * K;           // [C, V]; later beta * v
+  float* q = smem;                // [C, ld]; later beta * k * exp(gamma)
+  float* k = q + C * ld;          // [C, ld]
+  float* g = k + C * ld;          // [C, ld]
+  float* v = g + C * ld;          // [C, V]; later beta * v
   float* beta = v + C * V;        // [C]
   float* A = beta + C;            // [C, C + 1]
   float* T = A + C * (C + 1);     // [C, C + 1]
@@ -52,9 +54,9 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
   for (int x = tid; x < l * K; x += nthreads) {
     const int r = x / K, d = x % K;
     const int64_t row = c.first_row + r;
-    q[x] = load_float(p.q, p.qk_dtype, (row * p.H + qk_head) * K + d);
-    k[x] = load_float(p.k, p.qk_dtype, (row * p.H + qk_head) * K + d);
-    g[x] = p.ws.gamma[(row * p.HV + head) * K + d];
+    q[r * ld + d] = load_float(p.q, p.qk_dtype, (row * p.H + qk_head) * K + d);
+    k[r * ld + d] = load_float(p.k, p.qk_dtype, (row * p.H + qk_head) * K + d);
+    g[r * ld + d] = p.ws.gamma[(row * p.HV + head) * K + d];
   }
   for (int x = tid; x < l * V; x += nthreads) {
     const int64_t row = c.first_row + x / V;
@@ -65,16 +67,17 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
   }
   __syncthreads();
   if (p.l2norm) {
-    l2norm_rows(q, l, K);
-    l2norm_rows(k, l, K);
+    l2norm_rows(q, l, K, ld);
+    l2norm_rows(k, l, K, ld);
     __syncthreads();
   }
 
   if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
     for (int x = tid; x < l * K; x += nthreads) {
-      const int64_t out = ((c.first_row + x / K) * p.HV + head) * K + x % K;
-      p.ws.q_hat[out] = q[x];
-      p.ws.k_hat[out] = k[x];
+      const int r = x / K, d = x % K;
+      const int64_t out = ((c.first_row + r) * p.HV + head) * K + d;
+      p.ws.q_hat[out] = q[r * ld + d];
+      p.ws.k_hat[out] = k[r * ld + d];
     }
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[(c.first_row + r) * p.HV + head] = beta[r];
   }
@@ -86,9 +89,9 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
     float qk = 0.f, kk = 0.f;
     if (i <= r) {
       for (int d = 0; d < K; ++d) {
-        const float decay = expf(g[r * K + d] - g[i * K + d]);
-        qk += q[r * K + d] * k[i * K + d] * decay;
-        kk += k[r * K + d] * k[i * K + d] * decay;
+        const float decay = expf(g[r * ld + d] - g[i * ld + d]);
+        qk += q[r * ld + d] * k[i * ld + d] * decay;
+        kk += k[r * ld + d] * k[i * ld + d] * decay;
       }
     }
     p.ws.P[((c.first_row + r) * p.HV + head) * C + i] = p.scale * qk;
@@ -111,21 +114,22 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
       p.ws.T[((c.first_row + r) * p.HV + head) * C + i] = i <= r ? T[r * (C + 1) + i] : 0.f;
     }
   }
-  const float* g_last = g + (l - 1) * K;
+  const float* g_last = g + (l - 1) * ld;
   for (int x = tid; x < l * K; x += nthreads) {
     const int r = x / K, d = x % K;
     const int64_t out = ((c.first_row + r) * p.HV + head) * K + d;
-    const float up = expf(g[x]);
-    p.ws.q_up[out] = q[x] * up;
-    p.ws.k_down[out] = k[x] * expf(g_last[d] - g[x]);
-    q[x] = beta[r] * k[x] * up;
+    const int at = r * ld + d;
+    const float up = expf(g[at]);
+    p.ws.q_up[out] = q[at] * up;
+    p.ws.k_down[out] = k[at] * expf(g_last[d] - g[at]);
+    q[at] = beta[r] * k[at] * up;
   }
   for (int x = tid; x < l * V; x += nthreads) v[x] *= beta[x / V];
   __syncthreads();
   for (int x = tid; x < l * K; x += nthreads) {
     const int r = x / K, d = x % K;
     float w = 0.f;
-    for (int i = 0; i <= r; ++i) w += T[r * (C + 1) + i] * q[i * K + d];
+    for (int i = 0; i <= r; ++i) w += T[r * (C + 1) + i] * q[i * ld + d];
     p.ws.W[((c.first_row + r) * p.HV + head) * K + d] = w;
   }
   for (int x = tid; x < l * V; x += nthreads) {
