@@ -62,7 +62,7 @@ python_env() {
   "$FKT_PY" -m pip install -q -r "$requirements"
   rm -f "$requirements"
   "$FKT_PY" -m pip list --format=freeze 2>/dev/null |
-    grep -i -E '^(torch|numpy|pytest|pytest-timeout|scikit.build.core)==' | tr '\n' ' ' || true
+    grep -i -E '^(torch|numpy|pytest|pytest-timeout|scikit.build.core|paddlepaddle)==' | tr '\n' ' ' || true
   echo
 }
 

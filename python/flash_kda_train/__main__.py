@@ -1,5 +1,12 @@
-"""The main job: one training step (forward + backward) of chunk_kda on the best backend present,
-checked against the fp64 gold. ``python -m flash_kda_train --help`` lists the options."""
+"""Command line of flash_kda_train.
+
+    python -m flash_kda_train [options]        the main job: one training step (forward + backward)
+                                               of chunk_kda on the best backend present, checked
+                                               against the fp64 gold (options: --help)
+    python -m flash_kda_train demo [options]   a small KimiDeltaAttention model learns
+                                               multi-query associative recall (demo --help)
+    python -m flash_kda_train bench [options]  the benchmark (bench --help)
+"""
 
 from __future__ import annotations
 
@@ -38,8 +45,34 @@ def _inputs(args, device):
     return tensors
 
 
+SUBCOMMANDS = ("demo", "bench")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flash_kda_train", description=__doc__)
+    """Runs a subcommand (``demo``, ``bench``) or, without one, the main job."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":
+        from . import demo
+
+        return demo.main(argv[1:])
+    if argv and argv[0] == "bench":
+        try:
+            from . import bench
+        except ModuleNotFoundError as missing:
+            if missing.name != f"{__package__}.bench":
+                raise
+            print("flash_kda_train bench: the benchmark module (flash_kda_train.bench) is not in this build",
+                  file=sys.stderr)
+            return 2
+        return bench.main(argv[1:])
+    return main_job(argv)
+
+
+def main_job(argv=None) -> int:
+    """The main job: one training step checked against the fp64 gold."""
+    parser = argparse.ArgumentParser(
+        prog="python -m flash_kda_train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="subcommands: " + ", ".join(SUBCOMMANDS) + " (python -m flash_kda_train SUBCOMMAND --help)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=4)
@@ -50,8 +83,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    # The CUDA backend has no chunk_kda kernels yet, so the best backend present is the CPU one.
-    device = "cuda" if args.backend == "cuda" else "cpu"
+    # The best backend present: CUDA when this build has it and a GPU is visible, else the CPU.
+    on_gpu = args.backend == "cuda" or (args.backend == "auto" and has_cuda() and torch.cuda.is_available())
+    device = "cuda" if on_gpu else "cpu"
     x = _inputs(args, device)
     options = dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, output_final_state=True)
     print(f"flash_kda_train {version()} (CUDA backend built: {has_cuda()}, GPU visible: {torch.cuda.is_available()})")
@@ -59,16 +93,29 @@ def main(argv=None) -> int:
           f"HV={args.value_heads or args.heads} K=V={args.dim} {args.dtype}, in-kernel bounded-sigmoid gate "
           f"(lower_bound=-5), fp32 A_log/dt_bias, initial and final state")
 
-    start = time.perf_counter()
-    o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                      A_log=x["A_log"], dt_bias=x["dt_bias"], backend=args.backend, **options)
-    forward_s = time.perf_counter() - start
+    def run_forward():
+        return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                         A_log=x["A_log"], dt_bias=x["dt_bias"], backend=args.backend, **options)
+
+    def clock():
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    if on_gpu:  # the first CUDA call sets kernel attributes: keep it out of the timing
+        o, ht = run_forward()
+        torch.autograd.backward([o, ht], [torch.ones_like(o), torch.ones_like(ht)])
+        for t in x.values():
+            t.grad = None
+    start = clock()
+    o, ht = run_forward()
+    forward_s = clock() - start
     gen = torch.Generator().manual_seed(args.seed + 1)
     do = torch.randn(o.shape, generator=gen).to(o)
     dht = torch.randn(ht.shape, generator=gen).to(ht)
-    start = time.perf_counter()
+    start = clock()
     torch.autograd.backward([o, ht], [do, dht])
-    backward_s = time.perf_counter() - start
+    backward_s = clock() - start
     print(f"time: forward {forward_s * 1e3:.1f} ms, backward {backward_s * 1e3:.1f} ms")
 
     gold_o, gold_ht, gold_grads = reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=do, dht=dht,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import warnings
 from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _lib
@@ -237,8 +238,6 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
     Returns ``(config, A_log, dt_bias)``: ``A_log``/``dt_bias`` are None unless the gate is
     applied in the kernel (FLA ignores them otherwise).
     """
-    import warnings
-
     unknown = set(kwargs) - KNOWN_KWARGS
     if unknown:
         raise TypeError(f"{caller}: unexpected keyword arguments {sorted(unknown)}; accepted extra keywords are "
@@ -246,7 +245,7 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
     if "transpose_state_layout" in kwargs:
         if state_v_first:
             raise ValueError("transpose_state_layout: deprecated alias of state_v_first; pass only state_v_first")
-        warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=3)
+        warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=4)
         state_v_first = bool(kwargs["transpose_state_layout"])
     cfg = Config(scale=float(scale if scale is not None else head_dim ** -0.5), lower_bound=lower_bound,
                  chunk_size=int(kwargs.get("chunk_size", 64)),

@@ -125,6 +125,28 @@ for _name, _args in {
     getattr(lib, _name).restype = ctypes.c_int
 
 
+# Context parallelism (the end of c_api.h).
+class CpSizes(ctypes.Structure):
+    _fields_ = [
+        ("forward_summary_workspace_bytes", _c_uint64),
+        ("backward_summary_workspace_bytes", _c_uint64),
+        ("backend", _c_int32),
+    ]
+
+
+CP_FORWARD, CP_BACKWARD = 0, 1
+for _name, _args in {
+    "fkt_cp_plan_sizes": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), ctypes.POINTER(CpSizes)],
+    "fkt_cp_forward_summary": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), _c_int64, TensorPtr, TensorPtr,
+                               ctypes.c_void_p],
+    "fkt_cp_backward_summary": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), TensorPtr, _c_int64, TensorPtr,
+                                TensorPtr, ctypes.c_void_p],
+    "fkt_cp_fold": [TensorPtr, _c_int64, _c_int64, _c_int32, _c_int32, TensorPtr, ctypes.c_void_p],
+}.items():
+    getattr(lib, _name).argtypes = _args
+    getattr(lib, _name).restype = ctypes.c_int
+
+
 def check(status: int) -> None:
     """Raises the library's error (file:line: message) as a ValueError."""
     if status != 0:

@@ -3,43 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Optional
 
 import torch
 
-from . import _core
+from . import _abi, _core
 from . import ops as _ops  # noqa: F401  (registers the custom ops)
-
-_KNOWN_KWARGS = {"A_log", "dt_bias", "chunk_size", "transpose_state_layout", "backend"}
 
 
 def _resolve(q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
              use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first,
              cu_seqlens, cu_seqlens_cpu, cp_context, kwargs):
     """FLA's argument handling (kda-math.md section 1.3) up to what the library validates itself."""
-    unknown = set(kwargs) - _KNOWN_KWARGS
-    if unknown:
-        raise TypeError(f"chunk_kda: unexpected keyword arguments {sorted(unknown)}; accepted extra keywords are "
-                        f"{sorted(_KNOWN_KWARGS)}")
-    if "transpose_state_layout" in kwargs:
-        if state_v_first:
-            raise ValueError("transpose_state_layout: deprecated alias of state_v_first; pass only state_v_first")
-        warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=3)
-        state_v_first = bool(kwargs["transpose_state_layout"])
-    if cp_context is not None:
-        raise NotImplementedError("cp_context: context parallelism is not supported by flash_kda_train yet")
-    A_log = kwargs.get("A_log") if use_gate_in_kernel else None
-    dt_bias = kwargs.get("dt_bias") if use_gate_in_kernel else None
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    cfg = _core.Config(scale=float(scale), lower_bound=lower_bound, chunk_size=int(kwargs.get("chunk_size", 64)),
-                       use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
-                       use_gate_in_kernel=bool(use_gate_in_kernel),
-                       use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
-                       allow_neg_eigval=bool(allow_neg_eigval), safe_gate=bool(safe_gate),
-                       disable_recompute=bool(disable_recompute), state_v_first=bool(state_v_first),
-                       backend=kwargs.get("backend", "auto"))
+    if cp_context is not None:  # FLA's rules (AssertionErrors there); the context's offsets replace cu_seqlens
+        if initial_state is not None:
+            raise ValueError("initial_state: must be None with cp_context (context parallelism builds the state "
+                             "entering each rank's first sequence from the earlier ranks)")
+        if output_final_state:
+            raise ValueError("output_final_state: must be False with cp_context (the final state of a sequence "
+                             "cut across ranks is not returned)")
+        if getattr(cp_context, "cu_seqlens", None) is None:
+            raise ValueError("cp_context: its cu_seqlens (the rank-local offsets) must be set; build the context "
+                             "with flash_kda_train.cp.build_cp_context(cu_seqlens, group)")
+    cfg, A_log, dt_bias = _abi.resolve(q.shape[-1], scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                                       use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                                       disable_recompute, state_v_first, kwargs)
     if cu_seqlens is not None and cu_seqlens_cpu is None and cu_seqlens.device.type != "cpu":
         cu_seqlens_cpu = cu_seqlens.cpu()  # planning reads offsets on the host
     return cfg, A_log, dt_bias, cu_seqlens_cpu
@@ -56,11 +44,21 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``(o, final_state, h)`` with ``return_intermediate_states`` (inference mode only). Extra
     keywords: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64), ``transpose_state_layout``
     (deprecated alias of ``state_v_first``) and ``backend`` ("auto", "cpu" or "cuda").
+
+    ``cp_context`` (from ``flash_kda_train.cp.build_cp_context``) runs context-parallel over a
+    torch.distributed group: the inputs are this rank's slice of the packed batch, the result is
+    ``(o, None)`` for that slice (see ``flash_kda_train.cp``).
     """
     cfg, A_log, dt_bias, cu_seqlens_cpu = _resolve(
         q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first,
         cu_seqlens, cu_seqlens_cpu, cp_context, kwargs)
+    if cp_context is not None:
+        if return_intermediate_states:
+            raise ValueError("return_intermediate_states: not available with cp_context")
+        from . import cp as _cp
+
+        return _cp.chunk_kda(cfg, q, k, v, g, beta, A_log, dt_bias, cp_context), None
     if return_intermediate_states:
         if not torch.is_inference_mode_enabled():
             raise ValueError("return_intermediate_states: only available under torch.inference_mode()")

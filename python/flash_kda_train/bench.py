@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -354,9 +355,11 @@ def profile_step(dev: Device, run: Callable, top: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.cuda else [])
     dev.sync()
-    with profile(activities=activities) as prof:
-        out = run()
-        dev.sync()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=activities) as prof:
+            out = run()
+            dev.sync()
     del out
     totals: Dict[str, List[float]] = {}
     if dev.cuda:
@@ -384,7 +387,7 @@ def measure(dev: Device, call, x: dict, leaves: List[str], config: Config, args,
     """Forward and forward+backward of one implementation on one input set."""
     res: dict = dict(status="ok", reason=None, fwd_ms=None, fwd_bwd_ms=None, fwd_times_ms=None,
                      fwd_bwd_times_ms=None, peak_extra_gb_fwd=None, peak_extra_gb_fwd_bwd=None,
-                     first_call_s=None, errors=None, profile=None)
+                     first_call_s=None, errors=None, profiles=None)
     tensors = [x[n] for n in leaves]
 
     def fwd():
@@ -438,7 +441,9 @@ def measure(dev: Device, call, x: dict, leaves: List[str], config: Config, args,
         res["fwd_bwd_times_ms"] = dev.time_ms(step, args.reps)
         res["fwd_bwd_ms"] = _median(res["fwd_bwd_times_ms"])
     if args.profile:
-        res["profile"] = profile_step(dev, step if bwd_ok else fwd, args.profile_top)
+        res["profiles"] = {"forward": profile_step(dev, fwd, args.profile_top)}
+        if bwd_ok:
+            res["profiles"]["forward+backward"] = profile_step(dev, step, args.profile_top)
     return res
 
 
@@ -590,7 +595,7 @@ def render_markdown(data: dict) -> str:
             f"{_status_cell(fla, 'fwd_bwd_ms')} | {_speedup(ratio.get('fwd_bwd'))} | "
             f"{_fmt(ours.get('peak_extra_gb_fwd'))} / {_fmt(ours.get('peak_extra_gb_fwd_bwd'))} | "
             f"{_fmt(fla.get('peak_extra_gb_fwd'))} / {_fmt(fla.get('peak_extra_gb_fwd_bwd'))} |")
-    configs = sorted({r["config"] for r in results})
+    configs = list(dict.fromkeys(r["config"] for r in results))
     for c in configs:
         rows = [r for r in results if r["config"] == c]
         gf = _geomean([r.get("speedup", {}).get("fwd") for r in rows])
@@ -608,7 +613,7 @@ def render_markdown(data: dict) -> str:
     with_err = [r for r in results if any((r.get(w) or {}).get("errors") for w in ("ours", "fla"))]
     if with_err:
         lines += ["", "## Relative RMS error against the fp64 gold", "",
-                  "||x - gold|| / ||gold|| over each whole tensor; gold = fp64 token recurrence on the same "
+                  "norm(x - gold) / norm(gold) over each whole tensor; gold = fp64 token recurrence on the same "
                   "rounded inputs. `FLA (docs)` is the table of benchmarks.md. `ours/FLA` is the worst ratio "
                   "over the tensors measured for both in this run (at or below 1: as precise as FLA).", "",
                   "| shape | config | impl | " + " | ".join(ERROR_TENSORS) + " | ours/FLA |",
@@ -630,18 +635,19 @@ def render_markdown(data: dict) -> str:
                 cells = " | ".join(_fmt(errs.get(t), ".1e") for t in ERROR_TENSORS)
                 lines.append(f"| {r['shape']} | {r['config']} | {who} | {cells} | {_fmt(worst, '.2f')} |")
 
-    profiled = [(r, w) for r in results for w in ("ours", "fla") if (r.get(w) or {}).get("profile")]
+    profiled = [(r, w, scope, p) for r in results for w in ("ours", "fla")
+                for scope, p in ((r.get(w) or {}).get("profiles") or {}).items()]
     if profiled:
-        lines += ["", "## Per-kernel breakdown (one forward+backward, torch.profiler)"]
-        for r, who in profiled:
-            p = r[who]["profile"]
-            lines += ["", f"### {r['shape']} / {r['config']} / {'ours' if who == 'ours' else 'FLA'}: "
+        lines += ["", "## Per-kernel breakdown (one call, torch.profiler)"]
+        for r, who, scope, p in profiled:
+            lines += ["", f"### {r['shape']} / {r['config']} / {'ours' if who == 'ours' else 'FLA'} / {scope}: "
                           f"{p['total_ms']:.3f} ms {p['unit']}, {p['num_kernels']} distinct", "",
                       "| kernel | calls | ms | share |", "|---|---:|---:|---:|"]
             for k in p["kernels"]:
                 name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."
                 name = name.replace("|", "\\|")
-                lines.append(f"| `{name}` | {k['calls']} | {k['ms']:.3f} | {_fmt(k['share'] and 100 * k['share'], '.1f')}% |")
+                share = _fmt(k["share"] and 100 * k["share"], ".1f")
+                lines.append(f"| `{name}` | {k['calls']} | {k['ms']:.3f} | {share}% |")
             if p.get("other_ms"):
                 lines.append(f"| (others) | | {p['other_ms']:.3f} | |")
     return "\n".join(lines) + "\n"
@@ -673,7 +679,8 @@ def render_png(data: dict, path: pathlib.Path) -> Optional[str]:
                 ax1.annotate(f"{v:.2f}" if v else "n/a", (b.get_x() + b.get_width() / 2, b.get_height()),
                              ha="center", va="bottom", fontsize=7)
         ax1.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax1.legend()
+        ax1.set_ylim(0, 1.25 * max([v for v in fwd + both if v] + [1.0]))
+        ax1.legend(loc="upper left", ncol=2)
     else:
         ax1.text(0.5, 0.5, "no speedup to show: ours and FLA were not both measured\n(see the markdown table "
                  "for the reasons)", ha="center", va="center", transform=ax1.transAxes)
@@ -760,7 +767,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accuracy", default="auto", choices=["auto", "on", "off"],
                    help="errors against the fp64 CPU gold: 'auto' for shapes with B*T*HV <= --accuracy-limit")
     p.add_argument("--accuracy-limit", type=int, default=150_000,
-                   help="token-heads up to which 'auto' computes the gold (about 0.2 ms each on one CPU core)")
+                   help="token-heads up to which 'auto' computes the gold (about 0.2 ms each on a 2-core CI machine)")
     p.add_argument("--profile", action="store_true", help="per-kernel GPU time of one fwd+bwd (torch.profiler)")
     p.add_argument("--profile-top", type=int, default=25, help="kernels listed per profile")
     p.add_argument("--out", type=pathlib.Path, help="JSON path (default benchmarks/results/<date>.json)")

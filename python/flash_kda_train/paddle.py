@@ -65,6 +65,8 @@ class _ChunkKDA(PyLayer):
         inputs = _abi.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
         o, final_state, _ = _abi.forward(PADDLE, cfg, inputs, output_final_state)
         ctx.save_for_backward(*inputs)
+        # Paddle wants None (not a tensor) for every input that does not require a gradient.
+        ctx.wants_grad = [t is not None and not t.stop_gradient for t in inputs]
         ctx.cfg = cfg
         ctx.output_final_state = output_final_state
         return o, final_state
@@ -82,7 +84,8 @@ class _ChunkKDA(PyLayer):
         by_input = dict(q=grads.dq, k=grads.dk, v=grads.dv, g=grads.dg, beta=grads.dbeta, A_log=grads.dA_log,
                         dt_bias=grads.ddt_bias, initial_state=grads.dh0)
         # PyLayer wants one gradient (or None) per tensor input, absent inputs skipped.
-        return tuple(by_input.get(name) for name, t in zip(_TENSOR_INPUTS, inputs) if t is not None)
+        return tuple(by_input.get(name) if wants else None
+                     for name, t, wants in zip(_TENSOR_INPUTS, inputs, ctx.wants_grad) if t is not None)
 
 
 def _prepare(q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,

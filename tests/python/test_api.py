@@ -92,8 +92,8 @@ def test_fla_keyword_handling():
         fkt.chunk_kda(*args(x), state_v_first=True, transpose_state_layout=True)
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
         fkt.chunk_kda(*args(x), bogus=1)
-    with pytest.raises(NotImplementedError, match="cp_context"):
-        fkt.chunk_kda(*args(x), cp_context=object())
+    with pytest.raises(ValueError, match="cp_context: its cu_seqlens"):
+        fkt.chunk_kda(*args(x), cp_context=object())  # context parallelism: see test_cp.py
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fkt.chunk_kda(*args(x))

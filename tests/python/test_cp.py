@@ -1,0 +1,263 @@
+"""Context parallelism over torch.distributed: 2 and 4 processes with Gloo on the CPU.
+
+Every rank holds a contiguous T / world slice of a packed B = 1 batch and calls
+``chunk_kda(..., cp_context=build_cp_context(cu_seqlens, group))``; its output and every gradient
+must equal the single-process result on the same slice (float64: rel RMS <= 1e-10, float32:
+<= 1e-5). The per-rank parameter gradients (dA_log, ddt_bias) are the contributions of the rank's
+tokens: checked against a single-process run in which each rank's tokens use their own copy of the
+parameters, and their sum over the group against the full gradient.
+
+The gates are weak (per-token log decay ~ -0.01) so that the state crossing a rank boundary
+matters; each case also checks that it does (dropping the exchange would change o or the gradients by
+more than 1e-3).
+
+All cases of one world size run in one launch of `world` processes (spawned once, bounded by a
+timeout); the parametrized tests then check the recorded errors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import flash_kda_train as fkt
+from flash_kda_train.cp import CPContext, build_cp_context
+
+T = 192  # packed tokens: 96 per rank with 2 ranks, 48 with 4 (chunk 32: partial chunks at slice edges)
+
+# name -> case. cu: global offsets; dtype; H, HV, K, V; flags.
+CASES = {
+    "one_sequence": dict(cu=[0, T]),
+    # with 4 ranks the sequence [30, 101) covers ranks 0, 1 and 2; starts and ends inside slices
+    "ragged": dict(cu=[0, 30, 101, 150, T]),
+    "many_short": dict(cu=[0, 5, 17, 40, 41, 60, 90, 100, 130, 131, 170, T]),
+    # [20, 130) over exactly 3 ranks with 4 ranks (and over both with 2)
+    "three_ranks": dict(cu=[0, 20, 130, T]),
+    # boundaries on every rank boundary (4 ranks: 48, 96, 144; an empty sequence at 96)
+    "aligned": dict(cu=[0, 48, 96, 96, 144, T]),
+    "gate_l2norm": dict(cu=[0, 30, 101, 150, T], gate="softplus", l2norm=True, beta_sigmoid=True),
+    "safe_gate_neg_eigval": dict(cu=[0, 70, T], gate="sigmoid", l2norm=True, beta_sigmoid=True, neg_eigval=True),
+    "gva": dict(cu=[0, 30, 101, 150, T], H=1, HV=4),
+    "state_v_first": dict(cu=[0, 20, 130, T], state_v_first=True, K=8, V=12),
+    "chunk64": dict(cu=[0, 100, T], chunk_size=64),
+    "fp32": dict(cu=[0, 30, 101, 150, T], dtype=torch.float32),
+    "fp32_gate_gva_vfirst": dict(cu=[0, 20, 130, T], dtype=torch.float32, gate="softplus", l2norm=True, H=1, HV=2,
+                                 state_v_first=True),
+}
+WORLD_SIZES = (2, 4)
+BOUND = {torch.float64: 1e-10, torch.float32: 1e-5}
+GRADS = ("q", "k", "v", "g", "beta")
+PARAMS = ("A_log", "dt_bias")
+
+
+def make_case(name):
+    """The global inputs and keyword arguments of a case (the same on every rank: seeded by name)."""
+    spec = dict(H=2, HV=2, K=16, V=8, dtype=torch.float64, gate=None, l2norm=False, beta_sigmoid=False,
+                neg_eigval=False, state_v_first=False, chunk_size=32)
+    spec.update(CASES[name])
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    H, HV, K, V, dtype = spec["H"], spec["HV"], spec["K"], spec["V"], spec["dtype"]
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    k = randn(1, T, H, K)
+    x = dict(q=randn(1, T, H, K), k=k if spec["l2norm"] else F.normalize(k, dim=-1), v=randn(1, T, HV, V),
+             beta=randn(1, T, HV) if spec["beta_sigmoid"] else torch.sigmoid(randn(1, T, HV)))
+    kw = dict(use_qk_l2norm_in_kernel=spec["l2norm"], use_beta_sigmoid_in_kernel=spec["beta_sigmoid"],
+              allow_neg_eigval=spec["neg_eigval"], state_v_first=spec["state_v_first"], chunk_size=spec["chunk_size"])
+    if spec["gate"] is None:
+        x["g"] = 0.02 * F.logsigmoid(randn(1, T, HV, K))  # weak decay: the state crosses slices
+    else:
+        x["g"] = randn(1, T, HV, K) - 6.0  # raw gate; softplus / sigmoid of it ~ e^-6
+        x["A_log"] = 0.5 * randn(HV)
+        if spec["gate"] == "softplus":
+            x["dt_bias"] = randn(HV * K)
+        kw.update(use_gate_in_kernel=True)
+        if spec["gate"] == "sigmoid":
+            kw.update(lower_bound=-5.0, safe_gate=True)
+    x = {n: t.to(dtype if n in GRADS else (torch.float64 if dtype == torch.float64 else torch.float32))
+         for n, t in x.items()}
+    d_o = randn(1, T, HV, V).to(dtype)
+    cu = torch.tensor(spec["cu"], dtype=torch.int64)
+    return x, kw, d_o, cu, spec
+
+
+def leaves(x):
+    return {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+
+
+def call(x, kw, **extra):
+    params = {n: x[n] for n in PARAMS if n in x}
+    return fkt.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **params, **kw, **extra)[0]
+
+
+def rel_rms(got, ref):
+    got, ref = got.detach().double(), ref.detach().double()
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def torch_gate(g, A_log, dt_bias, kw):
+    """The gate activation of kda-math.md section 2.2 in torch (G1 softplus / G2 bounded sigmoid)."""
+    HV, K = g.shape[2], g.shape[3]
+    x = g + dt_bias.view(HV, K) if dt_bias is not None else g
+    rate = A_log.exp().view(HV, 1)
+    if kw.get("lower_bound") is None:
+        return -rate * F.softplus(x)
+    return kw["lower_bound"] * torch.sigmoid(rate * x)
+
+
+def per_rank_param_grads(x, kw, d_o, cu, world):
+    """dA_log, ddt_bias of each rank's tokens: the gate computed in torch with one parameter copy per rank."""
+    copies = [{n: x[n].detach().clone().requires_grad_(True) for n in PARAMS if n in x} for _ in range(world)]
+    part = T // world
+    g = torch.cat([torch_gate(x["g"][:, r * part:(r + 1) * part].detach(), c["A_log"], c.get("dt_bias"), kw)
+                   for r, c in enumerate(copies)], dim=1)
+    pre_kw = {n: v for n, v in kw.items() if n not in ("use_gate_in_kernel", "lower_bound", "safe_gate")}
+    o = fkt.chunk_kda(*(x[n].detach() for n in ("q", "k", "v")), g, x["beta"].detach(), cu_seqlens=cu, **pre_kw)[0]
+    torch.autograd.backward(o, d_o)
+    return [{n: c[n].grad for n in c} for c in copies]
+
+
+def run_case(name, rank, world):
+    """Errors of one case on this rank (a dict of floats)."""
+    x, kw, d_o, cu, spec = make_case(name)
+    part = T // world
+    lo, hi = rank * part, (rank + 1) * part
+    errors = {}
+
+    # The single-process reference on the whole batch.
+    ref = leaves(x)
+    o_ref = call(ref, kw, cu_seqlens=cu)
+    torch.autograd.backward(o_ref, d_o)
+
+    # Context-parallel: this rank's slice.
+    ctx = build_cp_context(cu, group=None)
+    mine = {n: (t[:, lo:hi] if n in GRADS else t).detach().clone().requires_grad_(True) for n, t in x.items()}
+    o = call(mine, kw, cp_context=ctx)
+    torch.autograd.backward(o, d_o[:, lo:hi])
+    errors["o"] = rel_rms(o, o_ref[:, lo:hi])
+    for n in GRADS:
+        errors["d" + n] = rel_rms(mine[n].grad, ref[n].grad[:, lo:hi])
+    params = [n for n in PARAMS if n in x]
+    if params:
+        expected = per_rank_param_grads(x, kw, d_o, cu, world)[rank]
+        for n in params:
+            errors["d" + n] = rel_rms(mine[n].grad, expected[n])
+            total = mine[n].grad.clone()
+            dist.all_reduce(total)
+            errors["d" + n + "_sum"] = rel_rms(total, ref[n].grad)
+
+    # The exchange matters: without it (a plain local call) o or the gradients would differ.
+    errors["pre_num_ranks"], errors["post_num_ranks"] = ctx.pre_num_ranks, ctx.post_num_ranks
+    plain = leaves({n: (t[:, lo:hi] if n in GRADS else t) for n, t in x.items()})
+    o_plain = call(plain, kw, cu_seqlens=ctx.cu_seqlens)
+    torch.autograd.backward(o_plain, d_o[:, lo:hi])
+    errors["effect_forward"] = rel_rms(o_plain, o_ref[:, lo:hi])
+    errors["effect_backward"] = max(rel_rms(plain[n].grad, ref[n].grad[:, lo:hi]) for n in ("q", "k", "v"))
+    errors["bound"] = BOUND[spec["dtype"]]
+    return errors
+
+
+def _worker(rank, world, init_file, names, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    results = {name: run_case(name, rank, world) for name in names}
+    pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    # No rank may tear its Gloo transport down while a peer still uses it: a peer whose connection
+    # drops mid-collective aborts ("terminate called without an active exception").
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@functools.lru_cache(maxsize=None)
+def launch(world):
+    """Runs every case on `world` spawned processes; returns one dict of errors per rank."""
+    out_dir = tempfile.mkdtemp(prefix=f"fkt_cp{world}_")
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the library's OpenMP threads in each process
+    try:
+        context = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "init"), tuple(CASES), out_dir),
+                                     nprocs=world, join=False, start_method="spawn")
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    try:
+        deadline = time.monotonic() + 240
+        while not context.join(timeout=2):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                raise TimeoutError(f"context-parallel workers ({world} processes) did not finish in time")
+        return [json.loads(pathlib.Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_outputs_and_gradients_match_single_process(world, name):
+    for rank, results in enumerate(launch(world)):
+        errors = results[name]
+        bound = errors["bound"]
+        for key, value in errors.items():
+            if key in ("o",) or key.startswith("d"):
+                assert value <= bound, f"rank {rank}: {key} rel RMS {value:.3e} > {bound:g}"
+        # Non-vacuous: the exchange changes the result wherever a sequence crosses into / out of the rank.
+        if errors["pre_num_ranks"] > 0:
+            assert errors["effect_forward"] > 1e-3, f"rank {rank}: the entering state barely matters"
+        if errors["post_num_ranks"] > 0:
+            assert errors["effect_backward"] > 1e-3, f"rank {rank}: the final-state gradient barely matters"
+
+
+def test_context_layout():
+    cu = torch.tensor([0, 20, 130, 192])
+    expected = [  # world 4, slices of 48: [0,48) [48,96) [96,144) [144,192)
+        ([0, 20, 48], 0, 2),
+        ([0, 48], 1, 1),
+        ([0, 34, 48], 2, 1),
+        ([0, 48], 1, 0),
+    ]
+    for rank, (local, pre, post) in enumerate(expected):
+        ctx = build_cp_context(cu, rank=rank, world_size=4)
+        assert ctx.cu_seqlens.tolist() == local and ctx.cu_seqlens_cpu.tolist() == local
+        assert (ctx.pre_num_ranks, ctx.post_num_ranks) == (pre, post), rank
+        assert ctx.is_first_rank == (pre == 0) and ctx.is_last_rank == (post == 0)
+    # Boundaries on rank boundaries and an empty sequence there: nothing crosses.
+    for rank in range(4):
+        ctx = build_cp_context(torch.tensor([0, 48, 96, 96, 144, 192]), rank=rank, world_size=4)
+        assert ctx.cu_seqlens.tolist() == [0, 48] and ctx.pre_num_ranks == ctx.post_num_ranks == 0
+    with pytest.raises(ValueError, match="multiple of world_size"):
+        build_cp_context(torch.tensor([0, 10]), rank=0, world_size=4)
+    with pytest.raises(ValueError, match="rank: expected an integer in"):
+        build_cp_context(cu, rank=4, world_size=4)
+
+
+def test_fla_rules_raise_value_errors():
+    x, kw, _, cu, _ = make_case("ragged")
+    ctx = build_cp_context(cu, rank=0, world_size=2)
+    args = [x[n][:, :96] for n in ("q", "k", "v", "g", "beta")]
+    with pytest.raises(ValueError, match="initial_state: must be None with cp_context"):
+        fkt.chunk_kda(*args, initial_state=torch.zeros(2, 2, 16, 8, dtype=torch.float64), cp_context=ctx, **kw)
+    with pytest.raises(ValueError, match="output_final_state: must be False with cp_context"):
+        fkt.chunk_kda(*args, output_final_state=True, cp_context=ctx, **kw)
+    with pytest.raises(ValueError, match="cu_seqlens .* must be set"):
+        fkt.chunk_kda(*args, cp_context=CPContext(), **kw)
+    with pytest.raises(ValueError, match="initialised torch.distributed"):
+        fkt.chunk_kda(*args, cp_context=ctx, **kw)
