@@ -43,14 +43,22 @@ def state_shape(cfg: Config, inputs: Inputs, num_sequences: int):
     return _abi.state_shape(TORCH, cfg, inputs, num_sequences)
 
 
+def _readable(t):
+    """The CPU backend reads any strides; CUDA kernels read dense rows, so strided CUDA inputs
+    (views from a fused projection, say) are made contiguous, as FLA does with every input."""
+    return t.contiguous() if t is not None and t.is_cuda else t
+
+
 def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_intermediate_states: bool = False):
     """Runs the forward; returns (o, final_state or None, intermediate states or None)."""
+    inputs = Inputs(*(_readable(t) for t in inputs))
     return _abi.forward(TORCH, cfg, inputs, output_final_state, return_intermediate_states)
 
 
 def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs."""
-    return _abi.backward(TORCH, cfg, inputs, d_o, d_final_state)
+    inputs = Inputs(*(_readable(t) for t in inputs))
+    return _abi.backward(TORCH, cfg, inputs, _readable(d_o), _readable(d_final_state))
 
 
 def gold_forward(cfg: Config, inputs: Inputs, output_final_state: bool = True):

@@ -37,8 +37,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
               allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
               return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-              cp_context=None, **kwargs):
+              cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
     """Drop-in for FLA's ``chunk_kda``: same arguments, defaults and return values.
+
+    ``use_graph`` and ``max_num_seqs`` (FLA 0.6's CUDA-graph mode) are accepted and need nothing:
+    the op never synchronises or allocates outside the caller's allocator, so it is graph-safe
+    whenever the host offsets ``cu_seqlens_cpu`` come with ``cu_seqlens``.
 
     Returns ``(o, final_state)`` (``final_state`` is None unless ``output_final_state``), or
     ``(o, final_state, h)`` with ``return_intermediate_states`` (inference mode only). Extra

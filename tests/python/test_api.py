@@ -112,18 +112,43 @@ def test_opcheck(gate_in_kernel):
     torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_bwd.default, bwd)
 
 
-def test_torch_compile_fullgraph_matches_eager():
-    x = make_inputs(B=1, T=40, K=8, V=8)
+class TinyKDA(torch.nn.Module):
+    """Projections around chunk_kda with the in-kernel gate: what a model layer does."""
 
-    def step(q, k, v, g, beta, h0):
-        o, ht = fkt.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-        return (o.square().sum() + ht.sum()) * 0.5
+    def __init__(self, hidden=32, heads=2, head_dim=16):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.proj = torch.nn.Linear(hidden, heads * (4 * head_dim + 1))
+        self.A_log = torch.nn.Parameter(torch.zeros(heads))
+        self.dt_bias = torch.nn.Parameter(torch.zeros(heads * head_dim))
+        self.out = torch.nn.Linear(heads * head_dim, hidden)
 
-    loss = step(*args(x), x["initial_state"])
-    eager = torch.autograd.grad(loss, [x["q"], x["g"], x["initial_state"]])
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    loss_c = compiled(*args(x), x["initial_state"])
-    grads_c = torch.autograd.grad(loss_c, [x["q"], x["g"], x["initial_state"]])
-    assert torch.equal(loss, loss_c)
-    for a, b in zip(eager, grads_c):
-        assert torch.equal(a, b)
+    def forward(self, x):
+        B, T, _ = x.shape
+        H, D = self.heads, self.head_dim
+        q, k, v, g, beta = self.proj(x).split([H * D, H * D, H * D, H * D, H], dim=-1)
+        shape = (B, T, H, D)
+        o, _ = fkt.chunk_kda(q.reshape(shape), k.reshape(shape), v.reshape(shape), g.reshape(shape), beta,
+                             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                             A_log=self.A_log, dt_bias=self.dt_bias)
+        return self.out(o.reshape(B, T, H * D))
+
+
+# CPU: the AOT-autograd path without code generation; GPU: the default inductor backend.
+@pytest.mark.parametrize("device,backend", [
+    ("cpu", "aot_eager"),
+    pytest.param("cuda", "inductor", marks=pytest.mark.skipif(
+        not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend")),
+])
+def test_torch_compile_fullgraph_matches_eager(device, backend):
+    torch.manual_seed(0)
+    model = TinyKDA().to(device)
+    x = torch.randn(2, 70, 32, device=device)
+    eager_out = model(x)
+    eager_grads = torch.autograd.grad(eager_out.square().sum(), list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True, backend=backend)  # fullgraph: a graph break is an error
+    out = compiled(x)
+    grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(out, eager_out)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b)
