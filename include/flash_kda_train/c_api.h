@@ -7,7 +7,8 @@
  * Every function returns 0 on success. On failure it returns non-zero and fkt_last_error()
  * (per thread) holds "file:line: message" naming the argument, what was given and what is
  * expected. No function allocates device memory, synchronizes or copies to the host after
- * fkt_plan_sizes: callers own outputs, the workspace and the saved-for-backward buffer.
+ * fkt_plan_sizes: callers own outputs and the workspace. The backward recomputes what it needs from
+ * the inputs, so nothing passes from fkt_forward to fkt_backward but the inputs themselves.
  */
 #ifndef FLASH_KDA_TRAIN_C_API_H_
 #define FLASH_KDA_TRAIN_C_API_H_
@@ -86,7 +87,6 @@ typedef struct fkt_forward_outputs {
   fkt_tensor* o;                   /* [B, T, HV, V], q's dtype */
   fkt_tensor* final_state;         /* like initial_state, fp32; NULL if not requested */
   fkt_tensor* intermediate_states; /* [B, NT, HV, K, V] input dtype; NULL if not requested */
-  fkt_tensor* saved;               /* uint8 [saved_bytes]: what backward reads; NULL if 0 bytes */
   fkt_tensor* workspace;           /* uint8 [forward_workspace_bytes]; NULL if 0 bytes */
 } fkt_forward_outputs;
 
@@ -94,7 +94,6 @@ typedef struct fkt_forward_outputs {
 typedef struct fkt_backward_io {
   const fkt_tensor* d_o;           /* [B, T, HV, V] */
   const fkt_tensor* d_final_state; /* like the final state, fp32 */
-  const fkt_tensor* saved;         /* as written by fkt_forward */
   fkt_tensor* dq;                  /* like q */
   fkt_tensor* dk;                  /* like k */
   fkt_tensor* dv;                  /* like v */
@@ -109,7 +108,6 @@ typedef struct fkt_backward_io {
 typedef struct fkt_sizes {
   uint64_t forward_workspace_bytes;
   uint64_t backward_workspace_bytes;
-  uint64_t saved_bytes;
   int64_t num_sequences;           /* N */
   int64_t num_chunks;              /* NT of intermediate_states (dense: per batch row) */
   int32_t backend;                 /* the backend chosen (enum fkt_backend) */
@@ -120,7 +118,7 @@ FKT_API const char* fkt_version(void);
 /* 1 when the library was built with the CUDA backend. */
 FKT_API int fkt_has_cuda(void);
 
-/* Validates the call and sizes workspace and saved buffer; may read cu_seqlens on the host. */
+/* Validates the call and sizes the workspaces; may read cu_seqlens on the host. */
 FKT_API int fkt_plan_sizes(const fkt_inputs* in, const fkt_options* opt, fkt_sizes* sizes);
 FKT_API int fkt_forward(const fkt_inputs* in, const fkt_options* opt, fkt_forward_outputs* out,
                         void* stream);

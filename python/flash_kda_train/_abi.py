@@ -157,9 +157,8 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
         tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
         h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
     workspace = call.buffer(sizes.forward_workspace_bytes)
-    saved = call.buffer(sizes.saved_bytes)
     outs = {name: _describe(fw, t) for name, t in
-            dict(o=o, final_state=final_state, intermediate_states=h, saved=saved, workspace=workspace).items()}
+            dict(o=o, final_state=final_state, intermediate_states=h, workspace=workspace).items()}
     struct = _lib.ForwardOutputs(**{name: pointer(d) for name, d in outs.items()})
     _lib.check(_lib.lib.fkt_forward(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct),
                                     call.stream()))
@@ -194,7 +193,7 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state) -> 
 
 def _call_backward(call: Call, workspace_bytes, d_o, d_final_state, grads, fn, gold=False):
     workspace = call.buffer(workspace_bytes)
-    tensors = dict(d_o=d_o, d_final_state=d_final_state, saved=None, **grads._asdict(), workspace=workspace)
+    tensors = dict(d_o=d_o, d_final_state=d_final_state, **grads._asdict(), workspace=workspace)
     described = {name: _describe(call.fw, t) for name, t in tensors.items()}
     struct = _lib.BackwardIO(**{name: pointer(d) for name, d in described.items()})
     if gold:

@@ -64,21 +64,20 @@ class Inputs(ctypes.Structure):
 
 
 class ForwardOutputs(ctypes.Structure):
-    _fields_ = [(name, TensorPtr) for name in ("o", "final_state", "intermediate_states", "saved", "workspace")]
+    _fields_ = [(name, TensorPtr) for name in ("o", "final_state", "intermediate_states", "workspace")]
 
 
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
 
 
 class BackwardIO(ctypes.Structure):
-    _fields_ = [(name, TensorPtr) for name in ("d_o", "d_final_state", "saved", *GRAD_NAMES, "workspace")]
+    _fields_ = [(name, TensorPtr) for name in ("d_o", "d_final_state", *GRAD_NAMES, "workspace")]
 
 
 class Sizes(ctypes.Structure):
     _fields_ = [
         ("forward_workspace_bytes", _c_uint64),
         ("backward_workspace_bytes", _c_uint64),
-        ("saved_bytes", _c_uint64),
         ("num_sequences", _c_int64),
         ("num_chunks", _c_int64),
         ("backend", _c_int32),

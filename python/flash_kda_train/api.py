@@ -41,8 +41,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """Drop-in for FLA's ``chunk_kda``: same arguments, defaults and return values.
 
     ``use_graph`` and ``max_num_seqs`` (FLA 0.6's CUDA-graph mode) are accepted and need nothing:
-    the op never synchronises or allocates outside the caller's allocator, so it is graph-safe
-    whenever the host offsets ``cu_seqlens_cpu`` come with ``cu_seqlens``.
+    the op allocates only through torch and never synchronises, so it is graph-safe, provided the
+    host offsets ``cu_seqlens_cpu`` come with a CUDA ``cu_seqlens`` (otherwise planning copies the
+    offsets to the host once per call).
 
     Returns ``(o, final_state)`` (``final_state`` is None unless ``output_final_state``), or
     ``(o, final_state, h)`` with ``return_intermediate_states`` (inference mode only). Extra
@@ -93,7 +94,8 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
             cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """The explicit forward for callers that manage their own autograd.
 
-    Same arguments as ``chunk_kda``. Returns ``(o, final_state, context)``; pass the context to
+    Same arguments as ``chunk_kda`` except ``return_intermediate_states``, ``cp_context``,
+    ``use_graph`` and ``max_num_seqs``. Returns ``(o, final_state, context)``; pass the context to
     ``backward``. No autograd graph is recorded.
     """
     cfg, A_log, dt_bias, cu_seqlens_cpu = _resolve(

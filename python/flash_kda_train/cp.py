@@ -25,7 +25,8 @@ Usage::
     o, _ = chunk_kda(q_local, k_local, v_local, g_local, beta_local, cp_context=ctx, ...)
 
 The summaries and the fold are computed by libflash_kda_train; the exchange uses torch.distributed
-collectives only (Gloo on the CPU, NCCL on GPUs).
+collectives only. The summaries run on the CPU backend so far (Gloo groups); CUDA tensors are
+refused until the CUDA backend has summary kernels.
 """
 
 from __future__ import annotations

@@ -19,22 +19,28 @@ from . import api, has_cuda
 logger = logging.getLogger(__name__)
 _declined: set = set()
 
-_MAX_HEAD_DIM = 128  # the CUDA backend's limit (src/cuda/sm90/forward/launch.cu)
+_MAX_HEAD_DIM = 128  # the CUDA backend's limits (src/cuda/sm90/forward/launch.cu)
+_MAX_VALUE_HEADS = 65535
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _reason(q, v, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph):
+def _reason(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph):
     """Why our CUDA backend cannot take the call, or None."""
     if not has_cuda():
         return "this flash_kda_train build has no CUDA backend"
     if not q.is_cuda:
         return f"tensors on {q.device}, the backend runs on CUDA"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return f"compute capability {torch.cuda.get_device_capability(q.device)} (built for Hopper, sm_90a)"
     if cp_context is not None:
         return "context parallelism runs on the CPU backend only so far"
-    if q.dtype not in _DTYPES:
-        return f"dtype {q.dtype} (supported: bfloat16, float16, float32)"
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if t.dtype not in _DTYPES:
+            return f"{name} dtype {t.dtype} (supported: bfloat16, float16, float32)"
     if q.shape[-1] > _MAX_HEAD_DIM or v.shape[-1] > _MAX_HEAD_DIM:
         return f"head dims K = {q.shape[-1]}, V = {v.shape[-1]} (supported: <= {_MAX_HEAD_DIM})"
+    if v.shape[2] > _MAX_VALUE_HEADS:
+        return f"{v.shape[2]} value heads (supported: <= {_MAX_VALUE_HEADS})"
     if use_graph and cu_seqlens is not None and cu_seqlens_cpu is None:
         return "use_graph with cu_seqlens needs cu_seqlens_cpu (planning reads the offsets on the host)"
     return None
@@ -55,7 +61,7 @@ class FlashKDATrainBackend(BaseBackend):
                            allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
                            return_intermediate_states=False, state_v_first=False, cu_seqlens=None,
                            cu_seqlens_cpu=None, cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
-        reason = _reason(q, v, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph)
+        reason = _reason(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph)
         if reason is not None and reason not in _declined:
             _declined.add(reason)
             logger.info("flash_kda_train declines chunk_kda: %s", reason)

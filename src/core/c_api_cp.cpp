@@ -56,32 +56,8 @@ char* checked_summary(const fkt::Problem& p, const fkt_tensor* raw) {
 }
 
 char* checked_workspace(const fkt::Problem& p, const fkt_tensor* raw, uint64_t bytes) {
-  if (bytes == 0) return nullptr;
-  FKT_CHECK(raw != nullptr) << "workspace: expected a uint8 buffer of " << bytes
-                            << " bytes (fkt_cp_plan_sizes), got none";
-  const TensorRef t(raw, "workspace");
-  FKT_CHECK(t.dtype == DType::kU8 && t.ndim() == 1 && t.contiguous())
-      << "workspace: expected a contiguous 1-D uint8 tensor, got " << fkt::dtype_name(t.dtype) << " of shape "
-      << t.shape_str();
-  FKT_CHECK(static_cast<uint64_t>(t.numel()) >= bytes)
-      << "workspace: expected at least " << bytes << " bytes (fkt_cp_plan_sizes), got " << t.numel();
-  FKT_CHECK(fkt::same_device(raw->device, p.device))
-      << "workspace: expected a buffer on " << fkt::device_str(p.device) << ", got one on "
-      << fkt::device_str(raw->device);
-  return t.bytes();
-}
-
-void check_d_o(const fkt::Problem& p, const fkt_tensor* raw) {
-  FKT_CHECK(raw != nullptr) << "d_o: the gradient of o is required";
-  const TensorRef d_o(raw, "d_o");
-  FKT_CHECK(fkt::is_float(d_o.dtype)) << "d_o: expected bfloat16, float16, float32 or float64, got "
-                                      << fkt::dtype_name(d_o.dtype);
-  const std::vector<int64_t> shape{p.B, p.T, p.HV, p.V};
-  FKT_CHECK(d_o.shape == shape) << "d_o: expected the shape of o " << fkt::shape_str(shape) << ", got "
-                                << d_o.shape_str();
-  FKT_CHECK(fkt::same_device(raw->device, p.device))
-      << "d_o: expected a tensor on " << fkt::device_str(p.device) << " (the device of q), got one on "
-      << fkt::device_str(raw->device);
+  fkt::expect_buffer(raw, "workspace", bytes, p.device);
+  return bytes ? TensorRef(raw, "workspace").bytes() : nullptr;
 }
 
 }  // namespace
@@ -113,7 +89,7 @@ int fkt_cp_backward_summary(const fkt_inputs* in, const fkt_options* opt, const 
   return fkt::guarded([&] {
     const fkt::Problem p = cp_problem(in, opt);
     check_sequence(p, sequence);
-    check_d_o(p, d_o);
+    fkt::expect_d_o(p, d_o);
     char* out = checked_summary(p, summary);
     char* ws = checked_workspace(p, workspace, fkt::cpu::cp_plan_sizes(p).backward_summary_workspace_bytes);
     fkt::cpu::cp_backward_summary(p, d_o, sequence, out, ws);

@@ -10,6 +10,8 @@ namespace fkt {
 class Carver {
  public:
   static constexpr size_t kAlign = 64;  // a cache line; also keeps every array vector-aligned
+  // What the base must be aligned to: the widest access into a carved array (float4, double).
+  static constexpr size_t kBaseAlign = 16;
 
   explicit Carver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/carver.hpp"
 #include "core/error.hpp"
 
 namespace fkt {
@@ -159,8 +160,6 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
   p.chunk = opt.chunk_size;
   p.l2norm = opt.use_qk_l2norm_in_kernel != 0;
   p.state_v_first = opt.state_v_first != 0;
-  p.safe_gate = opt.safe_gate != 0;
-  p.disable_recompute = opt.disable_recompute != 0;
 
   if (p.cu_seqlens.present()) {
     p.varlen = true;
@@ -230,6 +229,10 @@ void expect_output(const fkt_tensor* raw, const char* name, const std::vector<in
   expect_device(t, device);
 }
 
+DType out_dtype(DType natural, bool f64) { return f64 ? DType::kF64 : natural; }
+
+}  // namespace
+
 void expect_buffer(const fkt_tensor* raw, const char* name, uint64_t bytes, const fkt_device& device) {
   if (bytes == 0) return;
   FKT_CHECK(raw != nullptr) << name << ": expected a uint8 buffer of " << bytes << " bytes, got none";
@@ -239,15 +242,23 @@ void expect_buffer(const fkt_tensor* raw, const char* name, uint64_t bytes, cons
       << t.shape_str();
   FKT_CHECK(static_cast<uint64_t>(t.numel()) >= bytes)
       << name << ": expected at least " << bytes << " bytes, got " << t.numel();
+  // Arrays are carved at aligned offsets from the base: the base itself must be aligned.
+  FKT_CHECK(reinterpret_cast<uintptr_t>(t.bytes()) % Carver::kBaseAlign == 0)
+      << name << ": expected a buffer aligned to " << Carver::kBaseAlign << " bytes (as allocators return them), "
+      << "got an address " << reinterpret_cast<uintptr_t>(t.bytes()) % Carver::kBaseAlign << " bytes past a boundary";
   expect_device(t, device);
 }
 
-DType out_dtype(DType natural, bool f64) { return f64 ? DType::kF64 : natural; }
+void expect_d_o(const Problem& p, const fkt_tensor* raw) {
+  FKT_CHECK(raw != nullptr) << "d_o: the gradient of o is required";
+  TensorRef d_o(raw, "d_o");
+  expect_float(d_o);
+  expect_device(d_o, p.device);
+  FKT_CHECK(d_o.shape == std::vector<int64_t>({p.B, p.T, p.HV, p.V}))
+      << "d_o: expected the shape of o " << shape_str({p.B, p.T, p.HV, p.V}) << ", got " << d_o.shape_str();
+}
 
-}  // namespace
-
-void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes,
-                           uint64_t saved_bytes) {
+void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes) {
   FKT_CHECK(out.o != nullptr) << "o: the output tensor is required";
   expect_output(out.o, "o", {p.B, p.T, p.HV, p.V}, p.input_dtype, p.device);
   if (out.final_state) expect_output(out.final_state, "final_state", p.state_shape(), p.state_dtype(), p.device);
@@ -257,7 +268,6 @@ void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uin
     expect_output(out.intermediate_states, "intermediate_states", shape, p.input_dtype, p.device);
   }
   expect_buffer(out.workspace, "workspace", workspace_bytes, p.device);
-  expect_buffer(out.saved, "saved", saved_bytes, p.device);
 }
 
 void check_gold_forward_outputs(const Problem& p, const fkt_tensor* o, const fkt_tensor* final_state) {
@@ -266,14 +276,8 @@ void check_gold_forward_outputs(const Problem& p, const fkt_tensor* o, const fkt
   if (final_state) expect_output(final_state, "final_state", p.state_shape(), DType::kF64, p.device);
 }
 
-void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes,
-                       uint64_t saved_bytes, bool f64) {
-  FKT_CHECK(io.d_o != nullptr) << "d_o: the gradient of o is required";
-  TensorRef d_o(io.d_o, "d_o");
-  expect_float(d_o);
-  expect_device(d_o, p.device);
-  FKT_CHECK(d_o.shape == std::vector<int64_t>({p.B, p.T, p.HV, p.V}))
-      << "d_o: expected the shape of o " << shape_str({p.B, p.T, p.HV, p.V}) << ", got " << d_o.shape_str();
+void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes, bool f64) {
+  expect_d_o(p, io.d_o);
   if (io.d_final_state) {
     TensorRef d_ht(io.d_final_state, "d_final_state");
     expect_device(d_ht, p.device);
@@ -301,7 +305,6 @@ void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t wor
     expect_output(io.dh0, "dh0", p.state_shape(), out_dtype(p.state_dtype(), f64), p.device);
   }
   expect_buffer(io.workspace, "workspace", workspace_bytes, p.device);
-  expect_buffer(io.saved, "saved", saved_bytes, p.device);
 }
 
 }  // namespace fkt

@@ -38,8 +38,6 @@ struct Problem {
   int chunk = 64;
   bool l2norm = false;
   bool state_v_first = false;
-  bool safe_gate = false;
-  bool disable_recompute = false;
   bool fp64 = false;        // inputs are float64: the CPU backend then computes in float64
   DType input_dtype = DType::kF32;
   Backend backend = Backend::kCpu;
@@ -60,10 +58,13 @@ struct Problem {
 Problem make_problem(const fkt_inputs& in, const fkt_options& opt);
 
 // Output and workspace checks. `output_dtype_f64` is set for the gold oracle, whose outputs are float64.
-void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes,
-                           uint64_t saved_bytes);
+void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes);
 void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes,
-                       uint64_t saved_bytes, bool output_dtype_f64);
+                       bool output_dtype_f64);
+// A caller-owned contiguous, aligned uint8 buffer of at least `bytes` on `device` (none needed at 0).
+void expect_buffer(const fkt_tensor* raw, const char* name, uint64_t bytes, const fkt_device& device);
+// The upstream gradient of o: any float dtype, o's shape, q's device.
+void expect_d_o(const Problem& p, const fkt_tensor* raw);
 void check_gold_forward_outputs(const Problem& p, const fkt_tensor* o, const fkt_tensor* final_state);
 
 }  // namespace fkt

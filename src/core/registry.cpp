@@ -15,9 +15,9 @@ BackendSizes plan_sizes(const Problem& p) {
   check_supported(p);
   if (p.backend == Backend::kCpu) {
     const cpu::Sizes s = cpu::plan_sizes(p);
-    return {s.forward_workspace_bytes, s.backward_workspace_bytes, 0};
+    return {s.forward_workspace_bytes, s.backward_workspace_bytes};
   }
-  return {cuda::forward_workspace_bytes(p), cuda::backward_workspace_bytes(p), 0};
+  return {cuda::forward_workspace_bytes(p), cuda::backward_workspace_bytes(p)};
 }
 
 void run_forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {

@@ -429,8 +429,7 @@ Result run_backend(Instance& in, const RunFlags& flags) {
                                                      : std::vector<int64_t>{c.B, sizes.num_chunks, c.HV, c.K, c.V});
   }
   Tensor workspace = buffer(sizes.forward_workspace_bytes);
-  Tensor saved = buffer(sizes.saved_bytes);
-  fkt_forward_outputs out{r.o.raw(), r.final_state.raw(), r.intermediate.raw(), saved.raw(), workspace.raw()};
+  fkt_forward_outputs out{r.o.raw(), r.final_state.raw(), r.intermediate.raw(), workspace.raw()};
   if (fkt_forward(&x, &in.opt, &out, nullptr) != 0) {
     ADD_FAILURE() << "fkt_forward failed: " << fkt_last_error();
     return r;
@@ -439,7 +438,6 @@ Result run_backend(Instance& in, const RunFlags& flags) {
   fkt_backward_io io{};
   make_grads(in, r, io, false, flags);
   Tensor bwd_workspace = buffer(sizes.backward_workspace_bytes);
-  io.saved = saved.raw();
   io.workspace = bwd_workspace.raw();
   if (fkt_backward(&x, &in.opt, &io, nullptr) != 0) ADD_FAILURE() << "fkt_backward failed: " << fkt_last_error();
   return r;

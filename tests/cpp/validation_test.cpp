@@ -234,7 +234,7 @@ Buffers buffers_for(Instance& in) {
 
 int forward(Instance& in, Buffers& b) {
   fkt_inputs x = in.inputs();
-  fkt_forward_outputs out{b.o.raw(), b.ht.raw(), nullptr, nullptr, b.fwd_ws.raw()};
+  fkt_forward_outputs out{b.o.raw(), b.ht.raw(), nullptr, b.fwd_ws.raw()};
   return fkt_forward(&x, &in.opt, &out, nullptr);
 }
 
@@ -283,6 +283,22 @@ TEST(Validation, WorkspaceTooSmall) {
   EXPECT_NE(backward(in, b, false), 0);
   EXPECT_THAT(fkt_last_error(), HasSubstr("workspace: expected a uint8 buffer of " + std::to_string(bwd_need) +
                                           " bytes, got none"));
+}
+
+TEST(Validation, MisalignedWorkspace) {
+  Instance in = make_instance(valid_config());
+  Buffers b = buffers_for(in);
+  const int64_t need = static_cast<int64_t>(b.sizes.forward_workspace_bytes);
+  ASSERT_GT(need, 0);
+  Tensor storage(DT::kU8, {need + 8});
+  fkt_tensor* ws = storage.raw();
+  int64_t shape[1] = {need};
+  ws->shape = shape;
+  ws->byte_offset = 8;  // a view starting 8 bytes into an allocation: not 16-byte aligned
+  fkt_inputs x = in.inputs();
+  fkt_forward_outputs out{b.o.raw(), b.ht.raw(), nullptr, ws};
+  EXPECT_NE(fkt_forward(&x, &in.opt, &out, nullptr), 0);
+  EXPECT_THAT(fkt_last_error(), HasSubstr("workspace: expected a buffer aligned to 16 bytes"));
 }
 
 TEST(Validation, DALogRequestedWithoutALog) {

@@ -32,7 +32,7 @@ __device__ __forceinline__ void l2norm_rows(float* x, int rows, int K, int ld) {
     float sum = 0.f;
     for (int d = lane; d < K; d += 32) sum += x[r * ld + d] * x[r * ld + d];
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float rstd = rsqrtf(sum + 1e-6f);
+    const float rstd = 1.f / sqrtf(sum + 1e-6f);  // as bwd_prepare and the CPU evaluate it
     for (int d = lane; d < K; d += 32) x[r * ld + d] *= rstd;
   }
 }
