@@ -18,10 +18,7 @@ void recompute_forward(const Problem& p, const Sequence& seq, int64_t n, int64_t
   const int64_t KV = p.K * p.V;
   for (int64_t j = 0; j < num_chunks(p, seq); ++j) {
     const ChunkPos c = chunk_pos(p, seq, head, j);
-    fwd_prepare(p, c, s);
-    fwd_gate_cumsum(p, c, s);
-    fwd_intra(p, c, s);
-    fwd_wy(p, c, s);
+    fwd_chunk_local(p, c, s);
     fwd_state_new_values(p, c, s);
     std::copy(s.state, s.state + KV, s.states + j * KV);
     std::copy(s.delta, s.delta + c.rows * p.V, s.deltas + j * p.chunk * p.V);
@@ -52,10 +49,7 @@ void run_backward(const Problem& p, const fkt_backward_io& io) {
     std::fill(partials.ddt_bias, partials.ddt_bias + K, 0.0);
     for (int64_t j = num_chunks(p, seq) - 1; j >= 0; --j) {
       const ChunkPos c = chunk_pos(p, seq, head, j);
-      fwd_prepare(p, c, s);
-      fwd_gate_cumsum(p, c, s);
-      fwd_intra(p, c, s);
-      fwd_wy(p, c, s);
+      fwd_chunk_local(p, c, s);
       std::copy(s.deltas + j * p.chunk * V, s.deltas + (j * p.chunk + c.rows) * V, s.delta);
       for (int64_t r = 0; r < c.rows; ++r) {
         for (int64_t e = 0; e < V; ++e) s.d_o[r * V + e] = d_o.get<Real>(seq.b, c.first + r, head, e);

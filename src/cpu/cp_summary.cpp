@@ -92,10 +92,7 @@ void forward_summary(const Problem& p, int64_t n, Real* summary, char* workspace
     set_zero_identity(b.wide.state, K, V);
     for (int64_t j = 0; j < num_chunks(p, seq); ++j) {
       const ChunkPos c = chunk_pos(p, seq, head, j);
-      fwd_prepare(p, c, b.s);
-      fwd_gate_cumsum(p, c, b.s);
-      fwd_intra(p, c, b.s);
-      fwd_wy(p, c, b.s);
+      fwd_chunk_local(p, c, b.s);
       for (int64_t r = 0; r < c.rows; ++r) {
         std::copy(b.s.U + r * V, b.s.U + (r + 1) * V, b.wide.U + r * W);
         std::fill(b.wide.U + r * W + V, b.wide.U + (r + 1) * W, Real(0));
@@ -123,10 +120,7 @@ void backward_summary(const Problem& p, const View& d_o, int64_t n, Real* summar
     std::fill(x.delta, x.delta + C * W, Real(0));
     for (int64_t j = num_chunks(p, seq) - 1; j >= 0; --j) {
       const ChunkPos c = chunk_pos(p, seq, head, j);
-      fwd_prepare(p, c, b.s);
-      fwd_gate_cumsum(p, c, b.s);
-      fwd_intra(p, c, b.s);
-      fwd_wy(p, c, b.s);
+      fwd_chunk_local(p, c, b.s);
       for (int64_t r = 0; r < c.rows; ++r) {
         Real* row = x.d_o + r * W;
         for (int64_t e = 0; e < V; ++e) row[e] = d_o.get<Real>(seq.b, c.first + r, head, e);

@@ -30,10 +30,7 @@ void run_forward(const Problem& p, const fkt_forward_outputs& out) {
           }
         }
       }
-      fwd_prepare(p, c, s);
-      fwd_gate_cumsum(p, c, s);
-      fwd_intra(p, c, s);
-      fwd_wy(p, c, s);
+      fwd_chunk_local(p, c, s);
       fwd_state_new_values(p, c, s);
       fwd_output(p, c, s);
       fwd_state_advance(p, c, s);

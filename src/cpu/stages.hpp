@@ -81,6 +81,14 @@ void fwd_intra(const Problem& p, const ChunkPos& c, Scratch<Real>& s);
 // F3: WY vectors W, U and the pre-gated keys and queries.
 template <typename Real>
 void fwd_wy(const Problem& p, const ChunkPos& c, Scratch<Real>& s);
+// F0 to F3 of one chunk: everything the state pass and the output read.
+template <typename Real>
+void fwd_chunk_local(const Problem& p, const ChunkPos& c, Scratch<Real>& s) {
+  fwd_prepare(p, c, s);
+  fwd_gate_cumsum(p, c, s);
+  fwd_intra(p, c, s);
+  fwd_wy(p, c, s);
+}
 // F4: new values from the entering state, then the state advance over the chunk.
 template <typename Real>
 void fwd_state_new_values(const Problem& p, const ChunkPos& c, Scratch<Real>& s);
