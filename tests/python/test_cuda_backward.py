@@ -17,6 +17,7 @@ CASES = [
     dict(gate_in_kernel=True, lower_bound=-3.0, no_A_log=True, beta_logits=True, allow_neg_eigval=True),
     dict(K=128, V=128, T=200, HV=4),
     dict(K=64, V=96, state_v_first=True, chunk_size=32, T=130),
+    dict(K=8, V=24, T=97), dict(K=100, V=36, T=130, HV=4, chunk_size=32),  # padded tensor-core tiles
     dict(B=1, T=300, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True, l2norm=True),
     dict(B=1, T=200, cu_seqlens=[0, 0, 3, 3, 67, 130, 130, 200]),
     dict(T=1), dict(T=65), dict(state=False, final=False),

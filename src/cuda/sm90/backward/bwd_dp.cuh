@@ -1,8 +1,9 @@
 // B1 on CUDA, one block per (chunk, value head): dP = s * tril(dO delta^T) (the gradient of M_qk)
-// and the intra part of d_delta, P^T dO.
+// and the intra part of d_delta, P^T dO, on tensor cores (common/mma.cuh).
 #pragma once
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -10,40 +11,61 @@ namespace fkt::cuda {
 
 struct DpConfig {
   static constexpr int kThreads = 256;
-  // fp32 shared memory: dO [C, V], delta [C, V + 1] (odd stride: its rows are walked across
-  // threads), P [C, C].
-  static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (C * V + C * (V + 1) + C * C); }
+  static constexpr int kWarps = kThreads / 32;
+  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+  // Row strides 4 (mod 32) for rows read as mma (row g, column t) fragments, P's 8 (mod 32) for its
+  // transposed reads.
+  __host__ __device__ static int ld_v(int V) { return padded(V) + 4; }
+  __host__ __device__ static int ld_p(int C) { return C + 8; }
+  // fp32 shared memory: dO and delta [C, ld_v], P [C, ld_p].
+  static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (2 * C * ld_v(V) + C * ld_p(C)); }
 };
 
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
   const int head = blockIdx.y, C = f.chunk, V = f.V, l = static_cast<int>(c.rows);
-  extern __shared__ float smem[];
-  float* d_o = smem;          // [C, V]
-  float* delta = d_o + C * V; // [C, V + 1]
-  float* P = delta + C * (V + 1);  // [C, C]
-  const int tid = threadIdx.x, nthreads = blockDim.x;
-  for (int x = tid; x < l * V; x += nthreads) {
-    const int64_t at = ((c.first_row + x / V) * f.HV + head) * V + x % V;
-    d_o[x] = load_float(p.d_o, p.d_o_dtype, at);
-    delta[x / V * (V + 1) + x % V] = f.ws.delta[at];
+  const int Vp = DpConfig::padded(V), ldv = DpConfig::ld_v(V), ldp = DpConfig::ld_p(C);
+  extern __shared__ __align__(16) float smem[];
+  float* d_o = smem;               // [C, ldv]
+  float* delta = d_o + C * ldv;    // [C, ldv]
+  float* P = delta + C * ldv;      // [C, ldp]
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32;
+  auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
+  // Rows past the chunk's end and columns past V are zero.
+  for (int x = tid; x < C * Vp; x += nthreads) {
+    const int r = x / Vp, e = x % Vp;
+    const bool in = r < l && e < V;
+    const int64_t at = row_at(r) * V + e;
+    d_o[r * ldv + e] = in ? load_float(p.d_o, p.d_o_dtype, at) : 0.f;
+    delta[r * ldv + e] = in ? f.ws.delta[at] : 0.f;
   }
-  for (int x = tid; x < l * C; x += nthreads) P[x] = f.ws.P[((c.first_row + x / C) * f.HV + head) * C + x % C];
+  for (int x = tid; x < C * C; x += nthreads) P[x / C * ldp + x % C] = x / C < l ? f.ws.P[row_at(x / C) * C + x % C] : 0.f;
   __syncthreads();
-  for (int x = tid; x < l * C; x += nthreads) {
-    const int r = x / C, i = x % C;
-    float acc = 0.f;
-    if (i <= r) {
-      for (int e = 0; e < V; ++e) acc += d_o[r * V + e] * delta[i * (V + 1) + e];
+  // dP: warp tiles of 16 rows x 32 columns; row tile R needs columns below 16 (R + 1) only.
+  for (int task = warp; task < C / 16 * (C / 32); task += DpConfig::kWarps) {
+    const int R0 = task / (C / 32) * 16, c0 = task % (C / 32) * 32;
+    float acc[4][4] = {};
+    if (c0 < R0 + 16) {
+      warp_mma<4>(acc, 0, Vp, [&](int r, int e) { return d_o[(R0 + r) * ldv + e]; },
+                  [&](int e, int i) { return delta[(c0 + i) * ldv + e]; });
     }
-    p.ws.dP[((c.first_row + r) * f.HV + head) * C + i] = f.scale * acc;
+    for_each_acc(acc, [&](int r, int i, float x) {
+      const int row = R0 + r, col = c0 + i;
+      if (row < l) p.ws.dP[row_at(row) * C + col] = col <= row ? f.scale * x : 0.f;
+    });
   }
-  for (int x = tid; x < l * V; x += nthreads) {
-    const int i = x / V, e = x % V;
-    float acc = 0.f;
-    for (int r = i; r < l; ++r) acc += P[r * C + i] * d_o[r * V + e];
-    p.ws.d_delta[((c.first_row + i) * f.HV + head) * V + e] = acc;
+  // P^T dO: warp tiles of 16 rows x 64 columns; row tile I reads P's rows r >= I (lower triangular).
+  const int halves = (Vp + 63) / 64;
+  for (int task = warp; task < C / 16 * halves; task += DpConfig::kWarps) {
+    const int I0 = task / halves * 16, c0 = task % halves * 64;
+    float acc[8][4] = {};
+    warp_mma<8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },
+                [&](int r, int e) { return c0 + e < Vp ? d_o[r * ldv + c0 + e] : 0.f; });
+    for_each_acc(acc, [&](int i, int e, float x) {
+      const int row = I0 + i, col = c0 + e;
+      if (row < l && col < V) p.ws.d_delta[row_at(row) * V + col] = x;
+    });
   }
 }
 

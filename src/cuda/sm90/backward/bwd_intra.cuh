@@ -1,90 +1,158 @@
 // B4 on CUDA, one block per (chunk, value head): the gradients through P = s M_qk and
 // A = diag(beta) M_kk (kda-math.md section 4.4), added in place to B3's dq, dk, dgamma and dbeta.
 // Rows sum over their columns (dq_rows, dk_rows), columns over their rows (dk_cols); dgamma gets +
-// on the row side and - on the column side of every exp(gamma_r - gamma_i). fp32 on CUDA cores,
-// the twin of src/cpu/bwd_intra.cpp term by term.
+// on the row side and - on the column side of every exp(gamma_r - gamma_i).
+// Each warp owns a 16-row sub-chunk x 32 columns of K. The terms between sub-chunks are
+// tensor-core products with a reference row between the two (kda-math.md 3.4; every factor
+// exp(later - earlier) <= 1): row side at the sub-chunk's first row, column side at its last. The
+// terms inside the sub-chunk keep the pairwise exponentials.
 #pragma once
 
+#include "cuda/common/fast_exp.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
 
 struct BwdIntraConfig {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 512;
   static constexpr int kWarps = kThreads / 32;
-  // fp32 shared memory: q_hat, k_hat, gamma and the dbeta terms [C, K], dP and dA [C, C], beta [C]
-  // (164 KB for C = 64, K = 128).
-  static size_t smem_bytes(int C, int K, int) { return sizeof(float) * (4 * C * K + 2 * C * C + C); }
+  static constexpr int kCols = 32;  // columns of K per warp
+  __host__ __device__ static int padded(int x) { return (x + 31) / 32 * 32; }
+  // Row strides: 4 (mod 32) for q, k, gamma (read as (row t, column g) B fragments and by rows),
+  // 8 (mod 32) for dP, dA (read transposed as A fragments on the column side).
+  __host__ __device__ static int ld_k(int K) { return padded(K) + 4; }
+  __host__ __device__ static int ld_c(int C) { return C + 8; }
+  // fp32 shared memory: q_hat, k_hat, gamma * log2(e) [C, ld_k], dP and dA [C, ld_c], beta [C],
+  // dbeta parts [K / 32, C].
+  static size_t smem_bytes(int C, int K, int) {
+    return sizeof(float) * (3 * C * ld_k(K) + 2 * C * ld_c(C) + C + padded(K) / kCols * C);
+  }
 };
 
 __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
+  constexpr int kCols = BwdIntraConfig::kCols, kN = kCols / 8;
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
   const int head = blockIdx.y, C = f.chunk, K = f.K, l = static_cast<int>(c.rows);
-  extern __shared__ float smem[];
-  float* q = smem;           // [C, K]
-  float* k = q + C * K;      // [C, K]
-  float* g = k + C * K;      // [C, K]
-  float* kdk = g + C * K;    // [C, K] k * dk_rows before the beta scaling: the dbeta terms
-  float* dP = kdk + C * K;   // [C, C] only i <= r is loaded and read
-  float* dA = dP + C * C;    // [C, C] likewise, with a zero diagonal
-  float* beta = dA + C * C;  // [C]
-  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int Kp = BwdIntraConfig::padded(K), ldk = BwdIntraConfig::ld_k(K), ldc = BwdIntraConfig::ld_c(C);
+  extern __shared__ __align__(16) float smem[];
+  float* q = smem;               // [C, ldk]
+  float* k = q + C * ldk;        // [C, ldk]
+  float* g = k + C * ldk;        // [C, ldk] gamma * log2(e)
+  float* dP = g + C * ldk;       // [C, ldc] lower triangle
+  float* dA = dP + C * ldc;      // [C, ldc] strictly lower
+  float* beta = dA + C * ldc;    // [C]
+  float* part = beta + C;        // [Kp / 32, C] sum_d k dk_rows over each warp's columns
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
+  auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
 
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int64_t at = ((c.first_row + x / K) * f.HV + head) * K + x % K;
-    q[x] = f.ws.q_hat[at];
-    k[x] = f.ws.k_hat[at];
-    g[x] = f.ws.gamma[at];
+  // Rows past the chunk's end and columns past K are zero; so are dP above and dA on and above
+  // the diagonal (as B1 and B3 store them).
+  for (int x = tid; x < C * Kp; x += nthreads) {
+    const int r = x / Kp, d = x % Kp;
+    const bool in = r < l && d < K;
+    const int64_t at = row_at(r) * K + d;
+    q[r * ldk + d] = in ? f.ws.q_hat[at] : 0.f;
+    k[r * ldk + d] = in ? f.ws.k_hat[at] : 0.f;
+    g[r * ldk + d] = in ? f.ws.gamma[at] * kLog2e : 0.f;
   }
-  // dP is valid for i <= r and dA for i < r; A has no diagonal, so dA's is stored as 0 and both
-  // triangles share the loop bounds below (the CPU adds the same zero terms).
-  for (int x = tid; x < l * C; x += nthreads) {
+  for (int x = tid; x < C * C; x += nthreads) {
     const int r = x / C, i = x % C;
-    if (i > r) continue;
-    const int64_t at = ((c.first_row + r) * f.HV + head) * C + i;
-    dP[x] = p.ws.dP[at];
-    dA[x] = i < r ? p.ws.dA[at] : 0.f;
+    const int64_t at = row_at(r) * C + i;
+    dP[r * ldc + i] = r < l ? p.ws.dP[at] : 0.f;
+    dA[r * ldc + i] = r < l ? p.ws.dA[at] : 0.f;
   }
-  for (int r = tid; r < l; r += nthreads) beta[r] = f.ws.beta_act[(c.first_row + r) * f.HV + head];
+  for (int r = tid; r < C; r += nthreads) beta[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;
   __syncthreads();
 
-  // Element (r, d) takes the row side of row r and the column side of column r: l + 1 terms for
-  // every element, so the work is balanced. Every exponent is gamma_later - gamma_earlier (<= 0
-  // for non-positive gates, the same differences as the forward's). The elements of one chunk
-  // and head belong to this block alone, so B3's partials are updated without atomics.
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int r = x / K, d = x % K;
-    const float g_r = g[x];
-    float dq_rows = 0.f, dk_rows = 0.f;
-    for (int i = 0; i <= r; ++i) {
-      const float k_i = k[i * K + d], decay = expf(g_r - g[i * K + d]);
-      dq_rows += dP[r * C + i] * k_i * decay;
-      dk_rows += dA[r * C + i] * k_i * decay;
+  const int groups = Kp / kCols;
+  for (int task = warp; task < (l + 15) / 16 * groups; task += BwdIntraConfig::kWarps) {
+    const int R0 = task / groups * 16, c0 = task % groups * kCols, last = R0 + 15;
+    const int gq = lane / 4, t = lane % 4;
+    float dq_rows[kN][4] = {}, dk_rows[kN][4] = {}, dk_cols[kN][4] = {};
+    // Row side, key rows i < R0: (dP, dA)[r, i] . (k_i exp(g_R0 - g_i)), then * exp(g_r - g_R0).
+    for (int i0 = 0; i0 < R0; i0 += 8) {
+      const FragA fp = load_frag_a([&](int r, int i) { return dP[(R0 + r) * ldc + i]; }, i0);
+      const FragA fa = load_frag_a([&](int r, int i) { return dA[(R0 + r) * ldc + i]; }, i0);
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        const int d = c0 + 8 * n + gq;
+        const int i = i0 + t;
+        const SplitTf32 b0 = split_tf32(k[i * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[i * ldk + d]));
+        const SplitTf32 b1 = split_tf32(k[(i + 4) * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[(i + 4) * ldk + d]));
+        mma_split(dq_rows[n], fp, b0, b1);
+        mma_split(dk_rows[n], fa, b0, b1);
+      }
     }
-    float dk_cols = 0.f;
-    for (int j = r; j < l; ++j) {
-      const float decay = expf(g[j * K + d] - g_r);
-      dk_cols += (dP[j * C + r] * q[j * K + d] + dA[j * C + r] * beta[j] * k[j * K + d]) * decay;
+    // Column side, rows j past the sub-chunk: (dP, dA)[j, r] . (q_j, beta_j k_j) exp(g_j - g_last),
+    // then * exp(g_last - g_r). Only when a row past the sub-chunk holds a token (so g_last does).
+    if (last + 1 < l) {
+      for (int j0 = last + 1; j0 < C; j0 += 8) {
+        const FragA fp = load_frag_a([&](int r, int j) { return dP[j * ldc + R0 + r]; }, j0);
+        const FragA fa = load_frag_a([&](int r, int j) { return dA[j * ldc + R0 + r]; }, j0);
+#pragma unroll
+        for (int n = 0; n < kN; ++n) {
+          const int d = c0 + 8 * n + gq;
+          float bq[2], bk[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = j0 + t + 4 * h;
+            const float e = j < l ? exp2_fast(g[j * ldk + d] - g[last * ldk + d]) : 0.f;
+            bq[h] = q[j * ldk + d] * e;
+            bk[h] = beta[j] * k[j * ldk + d] * e;
+          }
+          mma_split(dk_cols[n], fp, split_tf32(bq[0]), split_tf32(bq[1]));
+          mma_split(dk_cols[n], fa, split_tf32(bk[0]), split_tf32(bk[1]));
+        }
+      }
     }
-    kdk[x] = k[x] * dk_rows;
-    dk_rows *= beta[r];
-    const int64_t at = ((c.first_row + r) * f.HV + head) * K + d;
-    p.ws.dq[at] += dq_rows;
-    p.ws.dk[at] += dk_rows + dk_cols;
-    p.ws.dgamma[at] += q[x] * dq_rows + k[x] * (dk_rows - dk_cols);
+    // Scale the products, add the terms inside the sub-chunk and update B3's partials. The
+    // elements of one chunk and head belong to this block alone: no atomics.
+    float kdk[2] = {0.f, 0.f};  // rows g and g + 8 of the tile
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = R0 + acc_row(j), d = c0 + acc_col(n, j), rr = r - R0;
+        if (r >= l || d >= K) continue;
+        const float g_r = g[r * ldk + d];
+        float dq = dq_rows[n][j] * exp2_fast(g_r - g[R0 * ldk + d]);
+        float dkr = dk_rows[n][j] * exp2_fast(g_r - g[R0 * ldk + d]);
+        float dkc = last + 1 < l ? dk_cols[n][j] * exp2_fast(g[last * ldk + d] - g_r) : 0.f;
+        for (int m = 0; m < 16 && R0 + m < l; ++m) {
+          const int i = R0 + m;
+          const float e = exp2_fast(m <= rr ? g_r - g[i * ldk + d] : g[i * ldk + d] - g_r);
+          if (m <= rr) {
+            dq += dP[r * ldc + i] * k[i * ldk + d] * e;
+            dkr += dA[r * ldc + i] * k[i * ldk + d] * e;
+          }
+          if (m >= rr) dkc += (dP[i * ldc + r] * q[i * ldk + d] + dA[i * ldc + r] * beta[i] * k[i * ldk + d]) * e;
+        }
+        kdk[j >= 2] += k[r * ldk + d] * dkr;
+        dkr *= beta[r];
+        const int64_t at = row_at(r) * K + d;
+        p.ws.dq[at] += dq;
+        p.ws.dk[at] += dkr + dkc;
+        p.ws.dgamma[at] += q[r * ldk + d] * dq + k[r * ldk + d] * (dkr - dkc);
+      }
+    }
+    for (int offset = 1; offset < 4; offset *= 2) {  // the four lanes of a row, in a fixed order
+      kdk[0] += __shfl_xor_sync(0xffffffffu, kdk[0], offset);
+      kdk[1] += __shfl_xor_sync(0xffffffffu, kdk[1], offset);
+    }
+    if (t == 0) {
+      part[c0 / kCols * C + R0 + gq] = kdk[0];
+      part[c0 / kCols * C + R0 + gq + 8] = kdk[1];
+    }
   }
   __syncthreads();
-
-  // dbeta_r += sum_d k_r,d dk_rows_r,d: one warp per row, lanes over d, then a butterfly, so the
-  // order of the sum depends on K only (bitwise reproducible).
-  const int warp = tid / 32, lane = tid % 32;
-  for (int r = warp; r < l; r += BwdIntraConfig::kWarps) {
+  // dbeta_r += sum_d k_r,d dk_rows_r,d, the column groups summed in a fixed order.
+  for (int r = tid; r < l; r += nthreads) {
     float sum = 0.f;
-    for (int d = lane; d < K; d += 32) sum += kdk[r * K + d];
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) p.ws.dbeta[(c.first_row + r) * f.HV + head] += sum;
+    for (int group = 0; group < groups; ++group) sum += part[group * C + r];
+    p.ws.dbeta[row_at(r)] += sum;
   }
 }
 

@@ -1,10 +1,12 @@
 // B3 on CUDA, one block per (chunk, value head): the inter-chunk paths (Q_up S, K_down^T delta,
 // W S) and the WY representation (U = T diag(beta) V, W = T diag(beta) K_up), as in
 // src/cpu/bwd_wy_inter.cpp. Writes dq, dk, dgamma and dbeta partials, dv (final) and dA.
-// S = h (state entering the chunk), dS = d_states (gradient of the state leaving it).
+// S = h (state entering the chunk), dS = d_states (gradient of the state leaving it). Every
+// product runs on tensor cores (common/mma.cuh); warps own 16-row tiles of the outputs.
 #pragma once
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -14,183 +16,258 @@ struct WyInterConfig {
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
-  // Row stride of the [C, width] buffers: odd, so walks down a column (varying row) are free of
-  // bank conflicts.
-  __host__ __device__ static int width(int C, int K, int V) { return max(max(K, V), C + 1) | 1; }
-  // fp32 shared memory: three [C, width] buffers; a region for phase-1 tiles (S, dS transposed
-  // [tile, K + 1]; dO, delta, d_delta [C, tile]) that later holds T [C, C + 1], d_delta [C, V] and
-  // v [C, V + 1]; carry [K].
-  __host__ __device__ static int region(int C, int K, int V) {
-    return max(2 * (K + 1) * kTileV + 3 * C * kTileV, C * (C + 1) + C * V + C * (V + 1));
+  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+};
+
+// fp32 shared memory, offsets in floats; row strides 4 (mod 32) keep the mma operand reads of
+// (row g, column t) free of bank conflicts, T's stride 8 (mod 32) its transposed reads.
+struct WyInterLayout {
+  int ldb, lds, ldt, ldv;
+  int b0, b1, b2, region, carry, part, floats;
+  // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds].
+  int s, ds, tile_do, tile_delta, tile_dd;
+  // Later in the region: T [C, ldt], d_delta and v [C, ldv].
+  int t, dd, v;
+
+  __host__ __device__ WyInterLayout(int C, int K, int V) {
+    const int Kp = WyInterConfig::padded(K), Vp = WyInterConfig::padded(V);
+    ldb = (Kp > C ? Kp : C) + 4;
+    lds = WyInterConfig::kTileV + 4;
+    ldt = C + 8;
+    ldv = Vp + 4;
+    b0 = 0;
+    b1 = b0 + C * ldb;
+    b2 = b1 + C * ldb;
+    region = b2 + C * ldb;
+    s = region;
+    ds = s + Kp * lds;
+    tile_do = ds + Kp * lds;
+    tile_delta = tile_do + C * lds;
+    tile_dd = tile_delta + C * lds;
+    t = region;
+    dd = t + C * ldt;
+    v = dd + C * ldv;
+    const int phase1_end = tile_dd + C * lds, later_end = v + C * ldv;
+    carry = phase1_end > later_end ? phase1_end : later_end;  // [K]
+    part = carry + K;                                          // [2, C] dbeta parts of Y_u . v
+    floats = part + 2 * C;
   }
-  static size_t smem_bytes(int C, int K, int V) {
-    return sizeof(float) * (3 * C * width(C, K, V) + region(C, K, V) + K);
-  }
+  static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
 
 __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
-  constexpr int kTile = WyInterConfig::kTileV;
+  constexpr int kTile = WyInterConfig::kTileV, kWarps = WyInterConfig::kWarps;
   const ForwardParams& f = p.fwd;
   const int64_t chunk = blockIdx.x;
   const ChunkSpan c = chunk_span(f, chunk);
   const int head = blockIdx.y, C = f.chunk, K = f.K, V = f.V, l = static_cast<int>(c.rows);
-  const int Wd = WyInterConfig::width(C, K, V);
-  extern __shared__ float smem[];
-  float* B0 = smem;                     // dO S^T, then Y_w = T^T dW, then dT
-  float* B1 = B0 + C * Wd;              // delta dS^T, then dk_inter, then K_up, then Z = tril(dT) T^T
-  float* B2 = B1 + C * Wd;              // d_delta S^T, then dW
-  float* R = B2 + C * Wd;               // phase-1 tiles, then T, d_delta and v
-  float* carry = R + WyInterConfig::region(C, K, V);  // [K] sum_e S[d, e] dS[d, e]
-  const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int warp = tid / 32, lane = tid % 32;
+  const int Kp = WyInterConfig::padded(K), Vp = WyInterConfig::padded(V);
+  const WyInterLayout L(C, K, V);
+  const int ldb = L.ldb, lds = L.lds, ldt = L.ldt, ldv = L.ldv;
+  extern __shared__ __align__(16) float smem[];
+  float* B0 = smem + L.b0;  // dO S^T, then Y_w = T^T dW, then dT
+  float* B1 = smem + L.b1;  // delta dS^T, then dk_inter, then K_up, then Z = tril(dT) T^T
+  float* B2 = smem + L.b2;  // d_delta S^T, then dW
+  float* carry = smem + L.carry;  // [K] sum_e S[d, e] dS[d, e]
+  float* part = smem + L.part;
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
+  // Warp tiles of a [C, width] output: 16 rows x 64 columns, at most 8 of them (C, width <= 128).
+  auto tile_of = [&](int width) {
+    const int halves = (width + 63) / 64;
+    return int3{warp < C / 16 * halves, warp / halves * 16, warp % halves * 64};
+  };
 
-  // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T, carry = rowsum(S * dS), by V-tiles.
-  for (int x = tid; x < l * K; x += nthreads) B0[x / K * Wd + x % K] = B1[x / K * Wd + x % K] = B2[x / K * Wd + x % K] = 0.f;
-  for (int d = tid; d < K; d += nthreads) carry[d] = 0.f;
-  const int ls = K + 1;            // row stride of the transposed state tiles
-  float* S = R;                    // [kTile, ls]: S[e * ls + d] = state[d, e0 + e]
-  float* dS = S + kTile * ls;      // [kTile, ls]
-  float* tile_do = dS + kTile * ls; // [C, kTile]
-  float* tile_delta = tile_do + C * kTile;
-  float* tile_dd = tile_delta + C * kTile;
-  for (int e0 = 0; e0 < V; e0 += kTile) {
-    const int width = min(kTile, V - e0);
-    __syncthreads();
-    for (int x = tid; x < K * kTile; x += nthreads) {
-      const int d = x / kTile, e = x % kTile;
-      const bool in = e < width;
-      S[e * ls + d] = in ? f.ws.states[state + static_cast<int64_t>(d) * V + e0 + e] : 0.f;
-      dS[e * ls + d] = in ? p.ws.d_states[state + static_cast<int64_t>(d) * V + e0 + e] : 0.f;
-    }
-    for (int x = tid; x < C * kTile; x += nthreads) {
-      const int r = x / kTile, e = x % kTile;
-      const bool in = r < l && e < width;
-      const int64_t at = row_at(r) * V + e0 + e;
-      tile_do[x] = in ? load_float(p.d_o, p.d_o_dtype, at) : 0.f;
-      tile_delta[x] = in ? f.ws.delta[at] : 0.f;
-      tile_dd[x] = in ? p.ws.d_delta[at] : 0.f;
-    }
-    __syncthreads();
-    for (int x = tid; x < l * K; x += nthreads) {
-      const int r = x / K, d = x % K;
-      float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-      for (int e = 0; e < width; ++e) {
-        a0 += tile_do[r * kTile + e] * S[e * ls + d];
-        a1 += tile_delta[r * kTile + e] * dS[e * ls + d];
-        a2 += tile_dd[r * kTile + e] * S[e * ls + d];
+  // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T (accumulated over V-tiles in
+  // registers), carry = rowsum(S * dS). Rows past the chunk's end and padding are zero.
+  {
+    float* S = smem + L.s;
+    float* dS = smem + L.ds;
+    float* tile_do = smem + L.tile_do;
+    float* tile_delta = smem + L.tile_delta;
+    float* tile_dd = smem + L.tile_dd;
+    const int3 w = tile_of(Kp);
+    const int R0 = w.y, c0 = w.z;
+    float acc0[8][4] = {}, acc1[8][4] = {}, acc2[8][4] = {};
+    for (int d = tid; d < K; d += nthreads) carry[d] = 0.f;
+    for (int e0 = 0; e0 < V; e0 += kTile) {
+      const int width = min(kTile, V - e0);
+      __syncthreads();
+      for (int x = tid; x < Kp * kTile; x += nthreads) {
+        const int d = x / kTile, e = x % kTile;
+        const bool in = d < K && e < width;
+        const int64_t at = state + static_cast<int64_t>(d) * V + e0 + e;
+        S[d * lds + e] = in ? f.ws.states[at] : 0.f;
+        dS[d * lds + e] = in ? p.ws.d_states[at] : 0.f;
       }
-      B0[r * Wd + d] += a0;
-      B1[r * Wd + d] += a1;
-      B2[r * Wd + d] += a2;
+      for (int x = tid; x < C * kTile; x += nthreads) {
+        const int r = x / kTile, e = x % kTile;
+        const bool in = r < l && e < width;
+        const int64_t at = row_at(r) * V + e0 + e;
+        tile_do[r * lds + e] = in ? load_float(p.d_o, p.d_o_dtype, at) : 0.f;
+        tile_delta[r * lds + e] = in ? f.ws.delta[at] : 0.f;
+        tile_dd[r * lds + e] = in ? p.ws.d_delta[at] : 0.f;
+      }
+      __syncthreads();
+      if (w.x) {
+        const int g = lane / 4, t = lane % 4;
+        for (int k = 0; k < kTile; k += 8) {
+          const FragA fo = load_frag_a([&](int r, int e) { return tile_do[(R0 + r) * lds + e]; }, k);
+          const FragA fl = load_frag_a([&](int r, int e) { return tile_delta[(R0 + r) * lds + e]; }, k);
+          const FragA fd = load_frag_a([&](int r, int e) { return tile_dd[(R0 + r) * lds + e]; }, k);
+#pragma unroll
+          for (int n = 0; n < 8; ++n) {
+            const int d = c0 + 8 * n + g;
+            if (c0 + 8 * n >= Kp) break;
+            const SplitTf32 s0 = split_tf32(S[d * lds + k + t]), s1 = split_tf32(S[d * lds + k + t + 4]);
+            mma_split(acc0[n], fo, s0, s1);
+            mma_split(acc2[n], fd, s0, s1);
+            mma_split(acc1[n], fl, split_tf32(dS[d * lds + k + t]), split_tf32(dS[d * lds + k + t + 4]));
+          }
+        }
+      }
+      for (int d = tid; d < K; d += nthreads) {
+        float acc = 0.f;
+        for (int e = 0; e < width; ++e) acc += S[d * lds + e] * dS[d * lds + e];
+        carry[d] += acc;
+      }
     }
-    for (int d = tid; d < K; d += nthreads) {
-      float acc = 0.f;
-      for (int e = 0; e < width; ++e) acc += S[e * ls + d] * dS[e * ls + d];
-      carry[d] += acc;
+    if (w.x) {
+      for_each_acc(acc0, [&](int r, int d, float x) { if (c0 + d < Kp) B0[(R0 + r) * ldb + c0 + d] = x; });
+      for_each_acc(acc1, [&](int r, int d, float x) { if (c0 + d < Kp) B1[(R0 + r) * ldb + c0 + d] = x; });
+      for_each_acc(acc2, [&](int r, int d, float x) { if (c0 + d < Kp) B2[(R0 + r) * ldb + c0 + d] = x; });
     }
   }
   __syncthreads();
 
-  // Phase 2: dq_inter, dk_inter, dW and the first dgamma terms; then T and d_delta into R.
+  // Phase 2: dq_inter, dk_inter, dW and the first dgamma terms; then T, d_delta and v into the region.
   const float* gamma = f.ws.gamma;
   const int64_t last = row_at(l - 1) * K;
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int r = x / K, d = x % K;
+  for (int x = tid; x < C * Kp; x += nthreads) {
+    const int r = x / Kp, d = x % Kp;
+    if (r >= l || d >= K) {
+      B2[r * ldb + d] = 0.f;  // dW is an mma operand below: its padding must be zero
+      continue;
+    }
     const int64_t at = row_at(r) * K + d;
     const float g = gamma[at];
-    const float dq = f.scale * B0[r * Wd + d] * expf(g);
-    const float dk_inter = B1[r * Wd + d] * expf(gamma[last + d] - g);
-    B1[r * Wd + d] = dk_inter;
-    B2[r * Wd + d] = -B2[r * Wd + d];
+    const float dq = f.scale * B0[r * ldb + d] * expf(g);
+    const float dk_inter = B1[r * ldb + d] * expf(gamma[last + d] - g);
+    B1[r * ldb + d] = dk_inter;
+    B2[r * ldb + d] = -B2[r * ldb + d];
     p.ws.dq[at] = dq;
     p.ws.dgamma[at] = f.ws.q_hat[at] * dq - f.ws.k_hat[at] * dk_inter;
   }
-  float* T = R;                   // [C, C + 1]
-  float* dd = T + C * (C + 1);    // [C, V]
-  float* vs = dd + C * V;         // [C, V + 1]
-  __syncthreads();
-  for (int x = tid; x < l * C; x += nthreads) T[x / C * (C + 1) + x % C] = f.ws.T[row_at(x / C) * C + x % C];
-  for (int x = tid; x < l * V; x += nthreads) {
-    dd[x] = p.ws.d_delta[row_at(x / V) * V + x % V];
-    vs[x / V * (V + 1) + x % V] = load_float(f.v, f.v_dtype, row_at(x / V) * V + x % V);
+  float* T = smem + L.t;    // [C, ldt]
+  float* dd = smem + L.dd;  // [C, ldv]
+  float* vs = smem + L.v;   // [C, ldv]
+  for (int x = tid; x < C * C; x += nthreads) {
+    const int r = x / C, i = x % C;
+    T[r * ldt + i] = r < l ? f.ws.T[row_at(r) * C + i] : 0.f;
+  }
+  for (int x = tid; x < C * Vp; x += nthreads) {
+    const int r = x / Vp, e = x % Vp;
+    const bool in = r < l && e < V;
+    dd[r * ldv + e] = in ? p.ws.d_delta[row_at(r) * V + e] : 0.f;
+    vs[r * ldv + e] = in ? load_float(f.v, f.v_dtype, row_at(r) * V + e) : 0.f;
   }
   __syncthreads();
 
-  // Phase 3: B0 = Y_w = T^T dW.
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int i = x / K, d = x % K;
-    float acc = 0.f;
-    for (int r = i; r < l; ++r) acc += T[r * (C + 1) + i] * B2[r * Wd + d];
-    B0[i * Wd + d] = acc;
+  // Phase 3: B0 = Y_w = T^T dW; Y_u = T^T d_delta, dv = beta Y_u and the Y_u . v part of dbeta.
+  // Row tile I of T^T reads rows r >= I of T (lower triangular).
+  if (const int3 w = tile_of(Kp); w.x) {
+    float acc[8][4] = {};
+    warp_mma<8>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
+                [&](int r, int d) { return w.z + d < Kp ? B2[r * ldb + w.z + d] : 0.f; });
+    for_each_acc(acc, [&](int i, int d, float x) { if (w.z + d < Kp) B0[(w.y + i) * ldb + w.z + d] = x; });
   }
-  __syncthreads();
-
-  // Phase 4, one warp per row i (fixed-order reductions): Y_u = T^T d_delta, dv = beta Y_u,
-  // dbeta = Y_u . v + Y_w . K_up; the last row's dgamma gets the gamma_L terms.
-  for (int i = warp; i < l; i += WyInterConfig::kWarps) {
-    const int64_t row = row_at(i);
-    const float beta = f.ws.beta_act[row];
-    float db = 0.f;
-    for (int e = lane; e < V; e += 32) {
-      float yu = 0.f;
-      for (int r = i; r < l; ++r) yu += T[r * (C + 1) + i] * dd[r * V + e];
-      if (p.dv != nullptr) store_float(p.dv, p.dv_dtype, row * V + e, beta * yu);
-      db += yu * vs[i * (V + 1) + e];
+  if (const int3 w = tile_of(Vp); w.x) {
+    float acc[8][4] = {};
+    warp_mma<8>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
+                [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
+    float row_sum[2] = {0.f, 0.f};  // rows g and g + 8 of the tile, this lane's columns
+    for_each_acc(acc, [&](int i, int e, float yu) {
+      const int row = w.y + i, col = w.z + e;
+      if (row >= l || col >= V) return;
+      if (p.dv != nullptr) store_float(p.dv, p.dv_dtype, row_at(row) * V + col, f.ws.beta_act[row_at(row)] * yu);
+      row_sum[i >= 8] += yu * vs[row * ldv + col];
+    });
+    for (int offset = 1; offset < 4; offset *= 2) {  // the four lanes of a row, in a fixed order
+      row_sum[0] += __shfl_xor_sync(0xffffffffu, row_sum[0], offset);
+      row_sum[1] += __shfl_xor_sync(0xffffffffu, row_sum[1], offset);
     }
-    for (int d = lane; d < K; d += 32) db += B0[i * Wd + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
+    if (lane % 4 == 0) {
+      part[w.z / 64 * C + w.y + lane / 4] = row_sum[0];
+      part[w.z / 64 * C + w.y + lane / 4 + 8] = row_sum[1];
+    }
+  }
+  __syncthreads();
+
+  // dbeta = Y_u . v + Y_w . K_up (one warp per row, fixed order); the last row's dgamma gets the
+  // gamma_L terms.
+  for (int i = warp; i < l; i += kWarps) {
+    const int64_t row = row_at(i);
+    float db = 0.f;
+    for (int d = lane; d < K; d += 32) db += B0[i * ldb + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
     for (int offset = 16; offset > 0; offset /= 2) db += __shfl_xor_sync(0xffffffffu, db, offset);
-    if (lane == 0) p.ws.dbeta[row] = db;
+    if (lane == 0) p.ws.dbeta[row] = part[i] + (Vp > 64 ? part[C + i] : 0.f) + db;
   }
   for (int d = tid; d < K; d += nthreads) {
     float acc = expf(gamma[last + d]) * carry[d];
-    for (int r = 0; r < l; ++r) acc += f.ws.k_hat[row_at(r) * K + d] * B1[r * Wd + d];
+    for (int r = 0; r < l; ++r) acc += f.ws.k_hat[row_at(r) * K + d] * B1[r * ldb + d];
     p.ws.dgamma[last + d] += acc;
   }
   __syncthreads();
-  // Phase 5: dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w; then B1 = K_up.
+  // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w; then B1 = K_up (zero padded).
   for (int x = tid; x < l * K; x += nthreads) {
     const int r = x / K, d = x % K;
     const int64_t at = row_at(r) * K + d;
-    const float up = expf(gamma[at]), beta = f.ws.beta_act[row_at(r)], yw = B0[r * Wd + d];
-    p.ws.dk[at] = B1[r * Wd + d] + beta * up * yw;
+    const float up = expf(gamma[at]), beta = f.ws.beta_act[row_at(r)], yw = B0[r * ldb + d];
+    p.ws.dk[at] = B1[r * ldb + d] + beta * up * yw;
     p.ws.dgamma[at] += beta * f.ws.k_hat[at] * up * yw;
   }
   __syncthreads();
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int64_t at = row_at(x / K) * K + x % K;
-    B1[x / K * Wd + x % K] = f.ws.k_hat[at] * expf(gamma[at]);
+  for (int x = tid; x < C * Kp; x += nthreads) {
+    const int r = x / Kp, d = x % Kp;
+    const int64_t at = row_at(r) * K + d;
+    B1[r * ldb + d] = r < l && d < K ? f.ws.k_hat[at] * expf(gamma[at]) : 0.f;
   }
   __syncthreads();
-  // Phase 6: B0 = dT[r, i] = beta_i (d_delta_r . v_i + dW_r . K_up_i) for i < r.
-  for (int x = tid; x < l * C; x += nthreads) {
-    const int r = x / C, i = x % C;
-    float acc = 0.f;
-    if (i < r) {
-      for (int e = 0; e < V; ++e) acc += dd[r * V + e] * vs[i * (V + 1) + e];
-      for (int d = 0; d < K; ++d) acc += B2[r * Wd + d] * B1[i * Wd + d];
-      acc *= f.ws.beta_act[row_at(i)];
-    }
-    B0[r * Wd + i] = acc;
+
+  // The [C, C] products: warp tiles of 16 rows x 32 columns.
+  const bool square = warp < C / 16 * (C / 32);
+  const int R0 = warp / (C / 32) * 16, c0 = warp % (C / 32) * 32;
+  // Phase 4: B0 = dT[r, i] = beta_i (d_delta_r . v_i + dW_r . K_up_i) for i < r.
+  if (square) {
+    float acc[4][4] = {};
+    warp_mma<4>(acc, 0, Vp, [&](int r, int e) { return dd[(R0 + r) * ldv + e]; },
+                [&](int e, int i) { return vs[(c0 + i) * ldv + e]; });
+    warp_mma<4>(acc, 0, Kp, [&](int r, int d) { return B2[(R0 + r) * ldb + d]; },
+                [&](int d, int i) { return B1[(c0 + i) * ldb + d]; });
+    for_each_acc(acc, [&](int r, int i, float x) {
+      const int row = R0 + r, col = c0 + i;
+      B0[row * ldb + col] = col < row && row < l ? f.ws.beta_act[row_at(col)] * x : 0.f;
+    });
   }
   __syncthreads();
-  // Phase 7: B1 = Z = tril(dT) T^T, Z[m, i] = sum_{n < m, n <= i} dT[m, n] T[i, n].
-  for (int x = tid; x < l * C; x += nthreads) {
-    const int m = x / C, i = x % C;
-    float acc = 0.f;
-    for (int n = 0; n < m && n <= i && i < l; ++n) acc += B0[m * Wd + n] * T[i * (C + 1) + n];
-    B1[m * Wd + i] = acc;
+  // Phase 5: B1 = Z = tril(dT) T^T, Z[m, i] = sum_{n < m, n <= i} dT[m, n] T[i, n].
+  if (square) {
+    float acc[4][4] = {};
+    warp_mma<4>(acc, 0, R0 + 16, [&](int m, int n) { return B0[(R0 + m) * ldb + n]; },
+                [&](int n, int i) { return T[(c0 + i) * ldt + n]; });
+    for_each_acc(acc, [&](int m, int i, float x) { B1[(R0 + m) * ldb + c0 + i] = x; });
   }
   __syncthreads();
-  // Phase 8: dA[r, i] = -sum_{m >= r} T[m, r] Z[m, i] for i < r (every column written).
-  for (int x = tid; x < l * C; x += nthreads) {
-    const int r = x / C, i = x % C;
-    float acc = 0.f;
-    if (i < r) {
-      for (int m = r; m < l; ++m) acc += T[m * (C + 1) + r] * B1[m * Wd + i];
-    }
-    p.ws.dA[row_at(r) * C + i] = -acc;
+  // Phase 6: dA[r, i] = -sum_{m >= r} T[m, r] Z[m, i] for i < r (every column written).
+  if (square) {
+    float acc[4][4] = {};
+    warp_mma<4>(acc, R0, C, [&](int r, int m) { return T[m * ldt + R0 + r]; },
+                [&](int m, int i) { return B1[m * ldb + c0 + i]; });
+    for_each_acc(acc, [&](int r, int i, float x) {
+      const int row = R0 + r, col = c0 + i;
+      if (row < l) p.ws.dA[row_at(row) * C + col] = col < row ? -x : 0.f;
+    });
   }
 }
 

@@ -1,21 +1,47 @@
-// F2 and F3 on CUDA, one block per (chunk, value head): P and A of the chunk, T = (I + A)^-1 by
-// forward substitution, then W = T diag(beta) K_up, U = T diag(beta) V, K_down and Q_up.
-// fp32 on CUDA cores: the correctness-first version whose tensor-core successor keeps its contract.
+// F2 and F3 on CUDA, one block per (chunk, value head): P and A of the chunk, T = (I + A)^-1, then
+// W = T diag(beta) K_up, U = T diag(beta) V, K_down and Q_up. The chunk is cut into 16-row
+// sub-chunks (one tensor-core row tile): the 16 x 16 diagonal blocks of P and A keep the pairwise
+// exponentials, the blocks below them use the reference-row factorisation of kda-math.md 3.4 on
+// tensor cores, T is inverted block by block, and U, W are tensor-core products (common/mma.cuh).
 #pragma once
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/fast_exp.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
 
 struct IntraConfig {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 512;
   static constexpr int kWarps = kThreads / 32;
-  // fp32 shared memory: q, k, gamma [C, K + 1], v [C, V], beta [C], A and T [C, C + 1]. The odd
-  // row strides keep column walks (fixed d, varying row) free of bank conflicts.
-  static size_t smem_bytes(int C, int K, int V) {
-    return sizeof(float) * (3 * C * (K + 1) + C * V + C + 2 * C * (C + 1));
+  static constexpr int kSub = 16;  // sub-chunk rows
+  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+};
+
+// fp32 shared memory, offsets in floats. The row strides make the mma fragment reads conflict
+// free: ldk, ldc = 4 (mod 32) for operands read as (row g, column t), ldx = 8 (mod 32) for the B
+// operand read as (row t, column g) (g = lane / 4, t = lane % 4).
+struct IntraLayout {
+  int ldk, ldx, ldc;
+  int q, k, g, x, A, T, Y, beta, floats;
+
+  __host__ __device__ IntraLayout(int C, int K, int V) {
+    const int Kp = IntraConfig::padded(K), Vp = IntraConfig::padded(V);
+    ldk = Kp + 4;
+    ldx = (Kp > Vp ? Kp : Vp) + 8;
+    ldc = C + 4;
+    q = 0;                                          // [C, ldk] q, l2-normalised when asked
+    k = q + C * ldk;                                // [C, ldk]
+    g = k + C * ldk;                                // [C, ldk] gamma * log2(e)
+    x = g + C * ldk;                                // [C, ldx] beta * v, then beta * k * exp(gamma)
+    A = x + C * ldx;                                // [C, ldc] strictly lower
+    T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1
+    Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
+    beta = Y + (C / IntraConfig::kSub - 1) * IntraConfig::kSub * IntraConfig::kSub;  // [C]
+    floats = beta + C;
   }
+  static size_t bytes(int C, int K, int V) { return sizeof(float) * IntraLayout(C, K, V).floats; }
 };
 
 __device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
@@ -37,107 +63,192 @@ __device__ __forceinline__ void l2norm_rows(float* x, int rows, int K, int ld) {
   }
 }
 
+// Row r and column i of the idx-th pair (i <= r) of a 16 x 16 lower triangle, row by row.
+__device__ __forceinline__ int2 triangle_pair(int idx) {
+  int r = static_cast<int>((sqrtf(8.f * idx + 1.f) - 1.f) * 0.5f);
+  if ((r + 1) * (r + 2) / 2 <= idx) ++r;
+  if (r * (r + 1) / 2 > idx) --r;
+  return {r, idx - r * (r + 1) / 2};
+}
+
 __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
+  constexpr int kSub = IntraConfig::kSub, kWarps = IntraConfig::kWarps;
   const ChunkSpan c = chunk_span(p, blockIdx.x);
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
-  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), ld = K + 1;
-  extern __shared__ float smem[];
-  float* q = smem;                // [C, ld]; later beta * k * exp(gamma)
-  float* k = q + C * ld;          // [C, ld]
-  float* g = k + C * ld;          // [C, ld]
-  float* v = g + C * ld;          // [C, V]; later beta * v
-  float* beta = v + C * V;        // [C]
-  float* A = beta + C;            // [C, C + 1]
-  float* T = A + C * (C + 1);     // [C, C + 1]
-  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows);
+  const int Kp = IntraConfig::padded(K), Vp = IntraConfig::padded(V);
+  const int subs = C / kSub, live = (l + kSub - 1) / kSub;  // sub-chunks, those holding tokens
+  const IntraLayout L(C, K, V);
+  const int ldk = L.ldk, ldx = L.ldx, ldc = L.ldc;
+  extern __shared__ __align__(16) float smem[];
+  float* q = smem + L.q;
+  float* k = smem + L.k;
+  float* g = smem + L.g;
+  float* X = smem + L.x;
+  float* A = smem + L.A;
+  float* T = smem + L.T;
+  float* Y = smem + L.Y;
+  float* beta = smem + L.beta;
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
+  auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
 
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int r = x / K, d = x % K;
-    const int64_t row = c.first_row + r;
-    q[r * ld + d] = load_float(p.q, p.qk_dtype, (row * p.H + qk_head) * K + d);
-    k[r * ld + d] = load_float(p.k, p.qk_dtype, (row * p.H + qk_head) * K + d);
-    g[r * ld + d] = p.ws.gamma[(row * p.HV + head) * K + d];
+  // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
+  for (int x = tid; x < C * Kp; x += nthreads) {
+    const int r = x / Kp, d = x % Kp;
+    const bool in = r < l && d < K;
+    const int64_t at = ((c.first_row + r) * p.H + qk_head) * K + d;
+    q[r * ldk + d] = in ? load_float(p.q, p.qk_dtype, at) : 0.f;
+    k[r * ldk + d] = in ? load_float(p.k, p.qk_dtype, at) : 0.f;
+    g[r * ldk + d] = in ? p.ws.gamma[row_at(r) * K + d] * kLog2e : 0.f;
   }
-  for (int x = tid; x < l * V; x += nthreads) {
-    const int64_t row = c.first_row + x / V;
-    v[x] = load_float(p.v, p.v_dtype, (row * p.HV + head) * V + x % V);
+  for (int r = tid; r < C; r += nthreads) {
+    beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
   }
-  for (int r = tid; r < l; r += nthreads) {
-    beta[r] = activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head));
-  }
+  for (int x = tid; x < C * ldc; x += nthreads) A[x] = T[x] = 0.f;
   __syncthreads();
+  for (int x = tid; x < C * Vp; x += nthreads) {
+    const int r = x / Vp, e = x % Vp;
+    X[r * ldx + e] = r < l && e < V ? beta[r] * load_float(p.v, p.v_dtype, row_at(r) * V + e) : 0.f;
+  }
   if (p.l2norm) {
-    l2norm_rows(q, l, K, ld);
-    l2norm_rows(k, l, K, ld);
+    l2norm_rows(q, l, K, ldk);
+    l2norm_rows(k, l, K, ldk);
     __syncthreads();
   }
-
   if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
     for (int x = tid; x < l * K; x += nthreads) {
       const int r = x / K, d = x % K;
-      const int64_t out = ((c.first_row + r) * p.HV + head) * K + d;
-      p.ws.q_hat[out] = q[r * ld + d];
-      p.ws.k_hat[out] = k[r * ld + d];
+      p.ws.q_hat[row_at(r) * K + d] = q[r * ldk + d];
+      p.ws.k_hat[row_at(r) * K + d] = k[r * ldk + d];
     }
-    for (int r = tid; r < l; r += nthreads) p.ws.beta_act[(c.first_row + r) * p.HV + head] = beta[r];
+    for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];
   }
 
-  // P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r (exponent <= 0 for non-positive gates),
-  // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r. Every column of P's rows is written.
-  for (int x = tid; x < l * C; x += nthreads) {
-    const int r = x / C, i = x % C;
+  // P (staged in T) and A: diagonal blocks, P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r,
+  // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r (exponents <= 0 for non-positive gates).
+  constexpr int kPairs = kSub * (kSub + 1) / 2;
+  for (int x = tid; x < live * kPairs; x += nthreads) {
+    const int2 pair = triangle_pair(x % kPairs);
+    const int r = x / kPairs * kSub + pair.x, i = x / kPairs * kSub + pair.y;
+    if (r >= l) continue;
     float qk = 0.f, kk = 0.f;
-    if (i <= r) {
-      for (int d = 0; d < K; ++d) {
-        const float decay = expf(g[r * ld + d] - g[i * ld + d]);
-        qk += q[r * ld + d] * k[i * ld + d] * decay;
-        kk += k[r * ld + d] * k[i * ld + d] * decay;
-      }
+    for (int d = 0; d < Kp; d += 4) {
+      const float4 gr = *reinterpret_cast<const float4*>(g + r * ldk + d);
+      const float4 gi = *reinterpret_cast<const float4*>(g + i * ldk + d);
+      const float4 qr = *reinterpret_cast<const float4*>(q + r * ldk + d);
+      const float4 kr = *reinterpret_cast<const float4*>(k + r * ldk + d);
+      const float4 ki = *reinterpret_cast<const float4*>(k + i * ldk + d);
+      const float e0 = exp2_fast(gr.x - gi.x) * ki.x, e1 = exp2_fast(gr.y - gi.y) * ki.y,
+                  e2 = exp2_fast(gr.z - gi.z) * ki.z, e3 = exp2_fast(gr.w - gi.w) * ki.w;
+      qk += qr.x * e0 + qr.y * e1 + qr.z * e2 + qr.w * e3;
+      kk += kr.x * e0 + kr.y * e1 + kr.z * e2 + kr.w * e3;
     }
-    p.ws.P[((c.first_row + r) * p.HV + head) * C + i] = p.scale * qk;
-    A[r * (C + 1) + i] = i < r ? beta[r] * kk : 0.f;
+    T[r * ldc + i] = p.scale * qk;
+    if (i < r) A[r * ldc + i] = beta[r] * kk;
+  }
+  // Blocks below the diagonal: sub-chunk R (rows from R0) against key rows i < R0, factored at the
+  // reference row R0: (q_r exp(g_r - g_R0)) . (k_i exp(g_R0 - g_i)), both factors <= 1. Warp tasks
+  // are (R, 8-column tile), R(R - 1) of them before sub-chunk R.
+  for (int task = warp; task < live * (live - 1); task += kWarps) {
+    int R = 1;
+    while ((R + 1) * R <= task) ++R;
+    const int R0 = R * kSub, c0 = (task - R * (R - 1)) * 8;
+    const int gq = lane / 4, t = lane % 4;
+    const float* g_ref = g + R0 * ldk;
+    float acc_p[4] = {0.f, 0.f, 0.f, 0.f}, acc_a[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < Kp; k0 += 8) {
+      FragA fq, fk;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
+        const float e = r < l ? exp2_fast(g[r * ldk + d] - g_ref[d]) : 0.f;
+        fq.x[j] = split_tf32(q[r * ldk + d] * e);
+        fk.x[j] = split_tf32(k[r * ldk + d] * e);
+      }
+      const int i = c0 + gq, d0 = k0 + t, d1 = k0 + t + 4;
+      const SplitTf32 b0 = split_tf32(k[i * ldk + d0] * exp2_fast(g_ref[d0] - g[i * ldk + d0]));
+      const SplitTf32 b1 = split_tf32(k[i * ldk + d1] * exp2_fast(g_ref[d1] - g[i * ldk + d1]));
+      mma_split(acc_p, fq, b0, b1);
+      mma_split(acc_a, fk, b0, b1);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = R0 + acc_row(j), i = c0 + acc_col(0, j);
+      T[r * ldc + i] = p.scale * acc_p[j];
+      A[r * ldc + i] = beta[r] * acc_a[j];
+    }
   }
   __syncthreads();
-  // Row r of (I + A)^-1 is e_r - sum_{m < r} A[r, m] * row m: rows in order, columns in parallel.
-  for (int r = 0; r < l; ++r) {
-    for (int i = tid; i <= r; i += nthreads) {
-      float t = i == r ? 1.f : 0.f;
-      for (int m = i; m < r; ++m) t -= A[r * (C + 1) + m] * T[m * (C + 1) + i];
-      T[r * (C + 1) + i] = t;
+  for (int x = tid; x < l * C; x += nthreads) p.ws.P[row_at(x / C) * C + x % C] = T[x / C * ldc + x % C];
+  __syncthreads();
+
+  // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
+  // owns column i in registers), then the blocks below it, nearest the diagonal first:
+  // T_RI = -T_RR sum_{I <= M < R} A_RM T_MI. The blocks above the diagonal hold zero since the start.
+  if (const int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs) {
+    const float* a = A + b * kSub * (ldc + 1);
+    float col[kSub];
+#pragma unroll
+    for (int r = 0; r < kSub; ++r) {
+      float v = r == i ? 1.f : 0.f;
+#pragma unroll
+      for (int m = 0; m < r; ++m) v -= a[r * ldc + m] * col[m];
+      col[r] = v;
+    }
+#pragma unroll
+    for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
+  }
+  __syncthreads();
+  for (int dist = 1; dist < subs; ++dist) {
+    const int count = (subs - dist) * kSub * kSub;
+    for (int x = tid; x < count; x += nthreads) {
+      const int R0 = (dist + x / (kSub * kSub)) * kSub, I0 = R0 - dist * kSub, r = x / kSub % kSub, i = x % kSub;
+      float y = 0.f;
+      for (int m = I0; m < R0; ++m) y += A[(R0 + r) * ldc + m] * T[m * ldc + I0 + i];
+      Y[x] = y;
+    }
+    __syncthreads();
+    for (int x = tid; x < count; x += nthreads) {
+      const int R0 = (dist + x / (kSub * kSub)) * kSub, I0 = R0 - dist * kSub, r = x / kSub % kSub, i = x % kSub;
+      const float* y = Y + x / (kSub * kSub) * kSub * kSub;
+      float v = 0.f;
+      for (int m = 0; m < kSub; ++m) v -= T[(R0 + r) * ldc + R0 + m] * y[m * kSub + i];
+      T[(R0 + r) * ldc + I0 + i] = v;
     }
     __syncthreads();
   }
 
   if (p.ws.T != nullptr) {
-    for (int x = tid; x < l * C; x += nthreads) {
-      const int r = x / C, i = x % C;
-      p.ws.T[((c.first_row + r) * p.HV + head) * C + i] = i <= r ? T[r * (C + 1) + i] : 0.f;
+    for (int x = tid; x < l * C; x += nthreads) p.ws.T[row_at(x / C) * C + x % C] = T[x / C * ldc + x % C];
+  }
+  // U = T (beta V), then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
+  // reads T's columns below 16 (R + 1) only (T is lower triangular).
+  auto product = [&](int width, float* out) {
+    const int groups = (width + 31) / 32;
+    for (int task = warp; task < live * groups; task += kWarps) {
+      const int R0 = task / groups * kSub, c0 = task % groups * 32;
+      float acc[4][4] = {};
+      warp_mma<4>(acc, 0, R0 + kSub, [&](int r, int i) { return T[(R0 + r) * ldc + i]; },
+                  [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
+      for_each_acc(acc, [&](int r, int e, float value) {
+        if (R0 + r < l && c0 + e < width) out[row_at(R0 + r) * width + c0 + e] = value;
+      });
+    }
+  };
+  product(V, p.ws.U);
+  __syncthreads();
+  const float* g_last = g + (l - 1) * ldk;
+  for (int x = tid; x < C * Kp; x += nthreads) {
+    const int r = x / Kp, d = x % Kp, at = r * ldk + d;
+    const float up = exp2_fast(g[at]);
+    X[r * ldx + d] = beta[r] * k[at] * up;
+    if (r < l && d < K) {
+      p.ws.q_up[row_at(r) * K + d] = q[at] * up;
+      p.ws.k_down[row_at(r) * K + d] = k[at] * exp2_fast(g_last[d] - g[at]);
     }
   }
-  const float* g_last = g + (l - 1) * ld;
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int r = x / K, d = x % K;
-    const int64_t out = ((c.first_row + r) * p.HV + head) * K + d;
-    const int at = r * ld + d;
-    const float up = expf(g[at]);
-    p.ws.q_up[out] = q[at] * up;
-    p.ws.k_down[out] = k[at] * expf(g_last[d] - g[at]);
-    q[at] = beta[r] * k[at] * up;
-  }
-  for (int x = tid; x < l * V; x += nthreads) v[x] *= beta[x / V];
   __syncthreads();
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int r = x / K, d = x % K;
-    float w = 0.f;
-    for (int i = 0; i <= r; ++i) w += T[r * (C + 1) + i] * q[i * ld + d];
-    p.ws.W[((c.first_row + r) * p.HV + head) * K + d] = w;
-  }
-  for (int x = tid; x < l * V; x += nthreads) {
-    const int r = x / V, e = x % V;
-    float u = 0.f;
-    for (int i = 0; i <= r; ++i) u += T[r * (C + 1) + i] * v[i * V + e];
-    p.ws.U[((c.first_row + r) * p.HV + head) * V + e] = u;
-  }
+  product(K, p.ws.W);
 }
 
 }  // namespace fkt::cuda

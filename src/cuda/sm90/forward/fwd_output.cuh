@@ -1,49 +1,81 @@
-// F5 on CUDA, one block per (chunk, value head, V-tile): O = s Q_up h + tril(P) delta, stored in
-// q's dtype.
+// F5 on CUDA, one block per (chunk, value head, V-tile): O = s Q_up h + tril(P) delta on tensor
+// cores (common/mma.cuh), stored in q's dtype.
 #pragma once
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
 
 struct OutputConfig {
   static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 64;
-  // fp32 shared memory: Q_up [C, K], h [K, tile], P [C, C], delta [C, tile].
-  static size_t smem_bytes(int C, int K) { return sizeof(float) * (C * K + K * kTileV + C * C + C * kTileV); }
+  static constexpr int kWarpCols = 32;  // columns of a warp's output tile (4 mma column tiles)
+  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+  // Row strides: 4 (mod 32) for A operands (Q_up, P), 8 (mod 32) for B operands (h, delta), so
+  // the fragment reads are free of bank conflicts.
+  __host__ __device__ static int ld_a(int cols) { return padded(cols) + 4; }
+  static constexpr int kLdB = kTileV + 8;
+  // fp32 shared memory: Q_up [C, ld_a(K)], h [Kp, kLdB], P [C, ld_a(C)], delta [C, kLdB].
+  static size_t smem_bytes(int C, int K) {
+    return sizeof(float) * (C * ld_a(K) + padded(K) * kLdB + C * ld_a(C) + C * kLdB);
+  }
 };
 
 __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
-  constexpr int kTile = OutputConfig::kTileV;
+  constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
   const int64_t chunk = blockIdx.x;
   const ChunkSpan c = chunk_span(p, chunk);
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
   const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), width = min(kTile, V - e0);
-  extern __shared__ float smem[];
-  float* qu = smem;               // [C, K]
-  float* h = qu + C * K;          // [K, kTile]
-  float* P = h + K * kTile;       // [C, C]
-  float* delta = P + C * C;       // [C, kTile]
-  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_a(K), ldp = OutputConfig::ld_a(C);
+  extern __shared__ __align__(16) float smem[];
+  float* qu = smem;                // [C, ldq]
+  float* h = qu + C * ldq;         // [Kp, kLdB]
+  float* P = h + Kp * kLdB;        // [C, ldp]
+  float* delta = P + C * ldp;      // [C, kLdB]
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32;
+  auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };
 
-  for (int x = tid; x < l * K; x += nthreads) qu[x] = p.ws.q_up[((c.first_row + x / K) * p.HV + head) * K + x % K];
-  for (int x = tid; x < K * width; x += nthreads) {
-    const int d = x / width, e = x % width;
-    h[d * kTile + e] = p.ws.states[((chunk * p.HV + head) * K + d) * V + e0 + e];
+  // Rows past the chunk's end, columns past K and past the tile are zero.
+  for (int x = tid; x < C * Kp; x += nthreads) {
+    const int r = x / Kp, d = x % Kp;
+    qu[r * ldq + d] = r < l && d < K ? p.ws.q_up[row_at(r) * K + d] : 0.f;
   }
-  for (int x = tid; x < l * C; x += nthreads) P[x] = p.ws.P[((c.first_row + x / C) * p.HV + head) * C + x % C];
-  for (int x = tid; x < l * width; x += nthreads) {
-    const int r = x / width, e = x % width;
-    delta[r * kTile + e] = p.ws.delta[((c.first_row + r) * p.HV + head) * V + e0 + e];
+  for (int x = tid; x < Kp * kTile; x += nthreads) {
+    const int d = x / kTile, e = x % kTile;
+    h[d * kLdB + e] = d < K && e < width ? p.ws.states[((chunk * p.HV + head) * K + d) * V + e0 + e] : 0.f;
+  }
+  for (int x = tid; x < C * C; x += nthreads) {
+    const int r = x / C, i = x % C;
+    P[r * ldp + i] = r < l ? p.ws.P[row_at(r) * C + i] : 0.f;
+  }
+  for (int x = tid; x < C * kTile; x += nthreads) {
+    const int r = x / kTile, e = x % kTile;
+    delta[r * kLdB + e] = r < l && e < width ? p.ws.delta[row_at(r) * V + e0 + e] : 0.f;
   }
   __syncthreads();
-  for (int x = tid; x < l * width; x += nthreads) {
-    const int r = x / width, e = x % width;
-    float inter = 0.f, intra = 0.f;
-    for (int d = 0; d < K; ++d) inter += qu[r * K + d] * h[d * kTile + e];
-    for (int i = 0; i <= r; ++i) intra += P[r * C + i] * delta[i * kTile + e];
-    store_float(p.o, p.o_dtype, ((c.first_row + r) * p.HV + head) * V + e0 + e, p.scale * inter + intra);
+  // Warp tasks: (16-row tile, 32-column half of the V-tile); P is lower triangular, so row tile R
+  // reads delta's rows below 16 (R + 1) only.
+  constexpr int kHalves = kTile / kCols;
+  for (int task = warp; task < (l + 15) / 16 * kHalves; task += OutputConfig::kWarps) {
+    const int R0 = task / kHalves * 16, c0 = task % kHalves * kCols;
+    if (c0 >= width) continue;
+    float acc[kCols / 8][4] = {};
+    warp_mma<kCols / 8>(acc, 0, Kp, [&](int r, int d) { return qu[(R0 + r) * ldq + d]; },
+                        [&](int d, int e) { return h[d * kLdB + c0 + e]; });
+#pragma unroll
+    for (int n = 0; n < kCols / 8; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[n][j] *= p.scale;
+    }
+    warp_mma<kCols / 8>(acc, 0, R0 + 16, [&](int r, int i) { return P[(R0 + r) * ldp + i]; },
+                        [&](int i, int e) { return delta[i * kLdB + c0 + e]; });
+    for_each_acc(acc, [&](int r, int e, float value) {
+      if (R0 + r < l && c0 + e < width) store_float(p.o, p.o_dtype, row_at(R0 + r) * V + e0 + c0 + e, value);
+    });
   }
 }
 

@@ -57,7 +57,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, void* stream)
   const unsigned heads = static_cast<unsigned>(p.HV);
   if (p.varlen) launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, s, params);
   fwd_gate_cumsum(p, params.ws.gamma, stream);
-  launch(fwd_intra_kernel, dim3(chunks, heads), IntraConfig::kThreads, IntraConfig::smem_bytes(p.chunk, p.K, p.V), s,
+  launch(fwd_intra_kernel, dim3(chunks, heads), IntraConfig::kThreads, IntraLayout::bytes(p.chunk, p.K, p.V), s,
          params);
   launch(fwd_state_kernel, dim3(static_cast<unsigned>(p.N), heads, (p.V + StateConfig::kTileV - 1) / StateConfig::kTileV),
          StateConfig::kThreads, StateConfig::smem_bytes(p.chunk, p.K), s, params);

@@ -1,0 +1,89 @@
+// Warp-level tensor-core products on fp32 data: mma.sync m16n8k8 with TF32 operands, each operand
+// split in two TF32 parts (x = hi + lo) and the three significant partial products accumulated in
+// fp32 (lo*hi terms first). The result is as accurate as an fp32 CUDA-core product (about 2^-22
+// relative per term instead of TF32's 2^-11), so the kernels keep the CPU twin's error against
+// the fp64 gold, at a fraction of the CUDA-core time.
+//
+// PTX ISA, "Matrix fragments for mma.m16n8k8" (.tf32): with g = lane / 4 and t = lane % 4,
+//   A (16 x 8, row):  a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
+//   B (8 x 8, col):   b0 (t, g), b1 (t + 4, g)
+//   C (16 x 8):       c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1)
+#pragma once
+
+#include <cstdint>
+
+namespace fkt::cuda {
+
+struct SplitTf32 {
+  uint32_t hi, lo;
+};
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ SplitTf32 split_tf32(float x) {
+  const uint32_t hi = to_tf32(x);
+  return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The A fragment of one k-step, split.
+struct FragA {
+  SplitTf32 x[4];
+};
+
+template <typename LoadA>
+__device__ __forceinline__ FragA load_frag_a(LoadA a, int k) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  return {{split_tf32(a(g, k + t)), split_tf32(a(g + 8, k + t)), split_tf32(a(g, k + t + 4)),
+           split_tf32(a(g + 8, k + t + 4))}};
+}
+
+// acc += A B for one 16 x 8 tile and one k-step, the B fragment given by its two split elements.
+__device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, SplitTf32 x, SplitTf32 y) {
+  mma_tf32(acc, a.x[0].lo, a.x[1].lo, a.x[2].lo, a.x[3].lo, x.hi, y.hi);
+  mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.lo, y.lo);
+  mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.hi, y.hi);
+}
+
+// acc[n] += A[16, k_begin:k_end] B[k_begin:k_end, 8N] for one warp, over k-steps of 8 (the range
+// a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
+// coordinates, k absolute.
+template <int N, typename LoadA, typename LoadB>
+__device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  for (int k = k_begin; k < k_end; k += 8) {
+    const FragA fa = load_frag_a(a, k);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      mma_split(acc[n], fa, split_tf32(b(k + t, 8 * n + g)), split_tf32(b(k + t + 4, 8 * n + g)));
+    }
+  }
+}
+
+// Tile coordinates of accumulator element i (0..3) of n-tile n.
+__device__ __forceinline__ int acc_row(int i) { return threadIdx.x % 32 / 4 + (i >= 2 ? 8 : 0); }
+__device__ __forceinline__ int acc_col(int n, int i) { return 8 * n + threadIdx.x % 4 * 2 + (i & 1); }
+
+// Calls f(row, col, value) for each accumulator element of the lane, in tile coordinates.
+template <int N, typename F>
+__device__ __forceinline__ void for_each_acc(const float (&acc)[N][4], F f) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f(acc_row(i), acc_col(n, i), acc[n][i]);
+  }
+}
+
+}  // namespace fkt::cuda
