@@ -86,4 +86,14 @@ __device__ __forceinline__ void for_each_acc(const float (&acc)[N][4], F f) {
   }
 }
 
+// acc element = f(row, col, element) for each accumulator element of the lane.
+template <int N, typename F>
+__device__ __forceinline__ void transform_acc(float (&acc)[N][4], F f) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = f(acc_row(i), acc_col(n, i), acc[n][i]);
+  }
+}
+
 }  // namespace fkt::cuda

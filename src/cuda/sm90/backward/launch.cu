@@ -77,8 +77,8 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   forward_stages(p, params.fwd, stream);
 
   launch(bwd_dp_kernel, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
-  launch(bwd_state_kernel, per_sequence(BwdStateConfig::kTileV), BwdStateConfig::kThreads,
-         BwdStateConfig::smem_bytes(C, K, V), s, params);
+  launch(bwd_state_kernel, per_sequence(StateConfig::kTileV), StateConfig::kThreads, BwdStateLayout::bytes(C, K), s,
+         params);
   launch(bwd_wy_inter_kernel, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
   launch(bwd_intra_kernel, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
   launch(bwd_gate_kernel, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V), s, params);

@@ -1,118 +1,113 @@
 // F4 on CUDA, one block per (sequence, value head, V-tile), walking the chunks in order:
-// h_j = S (stored), delta = U - W S, S <- diag(exp(gamma_L)) S + K_down^T delta. S stays fp32.
+// h_j = S (stored), delta = U - W S, S <- diag(exp(gamma_L)) S + K_down^T delta. S stays fp32 in
+// registers (warp w holds rows 16w .. 16w + 15, mirrored to shared memory as the B operand of
+// W S); both products run on tensor cores (common/mma.cuh). The next chunk's W, U are copied in
+// while the state is updated, and its K_down while delta is computed (cp.async).
 #pragma once
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
 
 namespace fkt::cuda {
 
-// Register blocking: lane e owns state column e; warp w owns the chunk rows w, w + 8, ... (delta)
-// and the state rows w, w + 8, ... (update), so each float4 of W or K_down^T read from shared
-// memory (a broadcast within the warp) feeds four multiply-adds.
-__global__ void __launch_bounds__(StateConfig::kThreads, StateConfig::kMinBlocksForward) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
-  constexpr int kTile = StateConfig::kTileV, kGroups = StateConfig::kGroups, kMax = StateConfig::kMaxPerThread;
+// Two blocks per SM (110 KB of shared memory each for C = 64, K = 128; at most 128 registers).
+__global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
+  constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   const int64_t n = blockIdx.x;
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
   const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K), width = min(kTile, V - e0);
+  const int ldw = StateConfig::ld_rows(K), ldk = StateConfig::ld_transposed(K);
   const SequenceSpan seq = sequence_span(p, n);
+  const FwdStateLayout L(C, K);
   extern __shared__ __align__(16) float smem[];
-  float* S = smem;                 // [Kp, kTile]
-  float* W = S + Kp * kTile;       // [C, Kp]
-  float* kdT = W + C * Kp;         // [Kp, C]: K_down transposed
-  float* delta = kdT + Kp * C;     // [C, kTile]
-  float* g_last = delta + C * kTile;  // [Kp]
-  const int tid = threadIdx.x, nthreads = blockDim.x, e = tid % 32, group = tid / 32;
-  const bool column = e < width;
+  float* W = smem + L.w;
+  float* kd = smem + L.kd;
+  float* U = smem + L.u;
+  float* S = smem + L.s;
+  float* delta = smem + L.delta;
+  float* g_last = smem + L.g_last;
+  const int warp = threadIdx.x / 32, row0 = warp * 16;
+  const bool owner = row0 < Kp;
+  const int64_t chunks = (seq.length + C - 1) / C, stride_k = static_cast<int64_t>(p.HV) * K;
+  auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
+  auto row_of = [&](int64_t j) { return (seq.first_row + j * C) * p.HV + head; };  // chunk's first (token, head) row
+  // Group A: W and U of chunk j; group B: K_down and gamma_L. Rows past the end and padding are zero.
+  auto issue_values = [&](int64_t j) {
+    copy_rows_async(W, ldw, p.ws.W + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(U, kLd, p.ws.U + row_of(j) * V + e0, static_cast<int64_t>(p.HV) * V, C, kTile, rows_of(j), width);
+    cp_async_commit();
+  };
+  auto issue_update = [&](int64_t j) {
+    copy_rows_async(kd, ldk, p.ws.k_down + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(g_last, Kp, p.ws.gamma + (row_of(j) + static_cast<int64_t>(rows_of(j) - 1) * p.HV) * K, stride_k,
+                    1, Kp, 1, K);
+    cp_async_commit();
+  };
 
-  for (int x = tid; x < Kp * kTile; x += nthreads) {
-    const int d = x / kTile, c = x % kTile;
-    S[x] = p.initial_state != nullptr && d < K && c < width ? p.initial_state[state_index(p, n, head, d, e0 + c)] : 0.f;
+  float s[kTile / 8][4];
+  transform_acc(s, [&](int r, int e, float) {
+    const int d = row0 + r;
+    return p.initial_state != nullptr && owner && d < K && e < width ? p.initial_state[state_index(p, n, head, d, e0 + e)]
+                                                                      : 0.f;
+  });
+  if (chunks > 0) {
+    issue_values(0);
+    issue_update(0);
   }
-  const int64_t chunks = (seq.length + C - 1) / C;
   for (int64_t j = 0; j < chunks; ++j) {
-    const int64_t first = seq.first_row + j * C;
-    const int l = static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C));
-    __syncthreads();  // S of the previous chunk is complete; W, kdT, delta are free
+    const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;
-    for (int x = tid; x < K * width; x += nthreads) {
-      const int d = x / width, c = x % width;
-      const float s = S[d * kTile + c];
-      p.ws.states[((chunk_row * p.HV + head) * K + d) * V + e0 + c] = s;
-      if (p.intermediate_states != nullptr) {  // [B, NT, HV, ...]: (b, j) flattens to chunk_row
+    if (owner) {
+      for_each_acc(s, [&](int r, int e, float x) {
+        const int d = row0 + r;
+        S[d * kLd + e] = x;  // every reader of S waited at the previous chunk's barriers
+        if (d >= K || e >= width) return;
         const int64_t base = (chunk_row * p.HV + head) * static_cast<int64_t>(K) * V;
-        const int64_t at = p.state_v_first ? static_cast<int64_t>(e0 + c) * K + d : static_cast<int64_t>(d) * V + e0 + c;
-        store_float(p.intermediate_states, p.o_dtype, base + at, s);
-      }
-    }
-    // Rows past the chunk's end and columns past K are zero, so padded terms add nothing.
-    for (int x = tid; x < C * Kp; x += nthreads) {
-      const int r = x / Kp, d = x % Kp;
-      const bool in = r < l && d < K;
-      const int64_t at = ((first + r) * p.HV + head) * K + d;
-      W[x] = in ? p.ws.W[at] : 0.f;
-      kdT[d * C + r] = in ? p.ws.k_down[at] : 0.f;
-    }
-    for (int d = tid; d < Kp; d += nthreads) g_last[d] = d < K ? expf(p.ws.gamma[((first + l - 1) * p.HV + head) * K + d]) : 0.f;
-    __syncthreads();
-
-    float acc[kMax];
-#pragma unroll
-    for (int i = 0; i < kMax; ++i) {
-      const int r = group + kGroups * i;
-      acc[i] = r < l && column ? p.ws.U[((first + r) * p.HV + head) * V + e0 + e] : 0.f;
-    }
-    for (int d = 0; d < Kp; d += 4) {
-      const float s0 = S[d * kTile + e], s1 = S[(d + 1) * kTile + e], s2 = S[(d + 2) * kTile + e],
-                  s3 = S[(d + 3) * kTile + e];
-#pragma unroll
-      for (int i = 0; i < kMax; ++i) {
-        const int r = group + kGroups * i;
-        if (r < C) {
-          const float4 w = *reinterpret_cast<const float4*>(W + r * Kp + d);
-          acc[i] -= w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+        p.ws.states[base + static_cast<int64_t>(d) * V + e0 + e] = x;
+        if (p.intermediate_states != nullptr) {  // [B, NT, HV, ...]: (b, j) flattens to chunk_row
+          const int64_t at = p.state_v_first ? static_cast<int64_t>(e0 + e) * K + d : static_cast<int64_t>(d) * V + e0 + e;
+          store_float(p.intermediate_states, p.o_dtype, base + at, x);
         }
-      }
+      });
     }
-#pragma unroll
-    for (int i = 0; i < kMax; ++i) {
-      const int r = group + kGroups * i;
-      if (r < C) {
-        delta[r * kTile + e] = r < l ? acc[i] : 0.f;
-        if (r < l && column) p.ws.delta[((first + r) * p.HV + head) * V + e0 + e] = acc[i];
-      }
+    cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
+    __syncthreads();
+    // delta = U - W S: warp tiles of 16 rows x 16 columns.
+    if (warp < C / 16 * 2) {
+      const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
+      float acc[2][4] = {};
+      warp_mma<2>(acc, 0, Kp, [&](int r, int d) { return W[(R0 + r) * ldw + d]; },
+                  [&](int d, int e) { return S[d * kLd + c0 + e]; });
+      for_each_acc(acc, [&](int r, int e, float x) {
+        const int row = R0 + r, col = c0 + e;
+        const float value = row < l ? U[row * kLd + col] - x : 0.f;
+        delta[row * kLd + col] = value;
+        if (row < l && col < width) p.ws.delta[(row_of(j) + static_cast<int64_t>(row) * p.HV) * V + e0 + col] = value;
+      });
+    }
+    __syncthreads();  // W and U are consumed, delta is complete
+    if (j + 1 < chunks) {
+      issue_values(j + 1);
+      cp_async_wait<1>();  // group B of chunk j
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kMax; ++i) {
-      const int d = group + kGroups * i;
-      acc[i] = d < Kp ? g_last[d] * S[d * kTile + e] : 0.f;
+    if (owner) {
+      transform_acc(s, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
+      warp_mma<kTile / 8>(s, 0, C, [&](int d, int r) { return kd[r * ldk + row0 + d]; },
+                          [&](int r, int e) { return delta[r * kLd + e]; });
     }
-    for (int r = 0; r < C; r += 4) {
-      const float t0 = delta[r * kTile + e], t1 = delta[(r + 1) * kTile + e], t2 = delta[(r + 2) * kTile + e],
-                  t3 = delta[(r + 3) * kTile + e];
-#pragma unroll
-      for (int i = 0; i < kMax; ++i) {
-        const int d = group + kGroups * i;
-        if (d < Kp) {
-          const float4 k4 = *reinterpret_cast<const float4*>(kdT + d * C + r);
-          acc[i] += k4.x * t0 + k4.y * t1 + k4.z * t2 + k4.w * t3;
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kMax; ++i) {
-      const int d = group + kGroups * i;
-      if (d < Kp) S[d * kTile + e] = acc[i];  // every reader of S waited at the barrier above
-    }
+    __syncthreads();  // K_down and gamma_L are consumed
+    if (j + 1 < chunks) issue_update(j + 1);
   }
-  __syncthreads();
-  if (p.final_state != nullptr) {
-    for (int x = tid; x < K * width; x += nthreads) {
-      const int d = x / width, c = x % width;
-      p.final_state[state_index(p, n, head, d, e0 + c)] = S[d * kTile + c];
-    }
+  if (p.final_state != nullptr && owner) {
+    for_each_acc(s, [&](int r, int e, float x) {
+      if (row0 + r < K && e < width) p.final_state[state_index(p, n, head, row0 + r, e0 + e)] = x;
+    });
   }
 }
 

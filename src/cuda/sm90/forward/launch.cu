@@ -60,7 +60,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, void* stream)
   launch(fwd_intra_kernel, dim3(chunks, heads), IntraConfig::kThreads, IntraLayout::bytes(p.chunk, p.K, p.V), s,
          params);
   launch(fwd_state_kernel, dim3(static_cast<unsigned>(p.N), heads, (p.V + StateConfig::kTileV - 1) / StateConfig::kTileV),
-         StateConfig::kThreads, StateConfig::smem_bytes(p.chunk, p.K), s, params);
+         StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s, params);
   if (params.o == nullptr) return;
   launch(fwd_output_kernel, dim3(chunks, heads, (p.V + OutputConfig::kTileV - 1) / OutputConfig::kTileV),
          OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K), s, params);

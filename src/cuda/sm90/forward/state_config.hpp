@@ -1,4 +1,4 @@
-// Launch shape of the state passes (fwd_state, bwd_state): shared by both kernels.
+// Launch shape and shared-memory plans of the state passes (fwd_state, bwd_state).
 #pragma once
 
 #include <cstddef>
@@ -7,19 +7,52 @@ namespace fkt::cuda {
 
 struct StateConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kTileV = 32;               // state columns per block = one per lane
-  static constexpr int kGroups = kThreads / 32;   // warps; warp w owns rows (or state rows) w, w + 8, ...
-  static constexpr int kMaxPerThread = 128 / kGroups;  // K <= 128 state rows, C <= 64 chunk rows
-  // fwd_state: two blocks per SM (both fit in shared memory; at most 128 registers a thread) so
-  // one block's loads overlap the other's math. bwd_state's shared memory holds one block.
-  static constexpr int kMinBlocksForward = 2;
-  // K rounded up to 4: rows are read as float4, the padding is zero.
-  __host__ __device__ static int padded(int K) { return (K + 3) / 4 * 4; }
-  // fp32 shared memory: S [Kp, tile], W [C, Kp], K_down^T [Kp, C], delta [C, tile], gamma_L [Kp].
-  static size_t smem_bytes(int C, int K) {
-    const int Kp = padded(K);
-    return sizeof(float) * (Kp * kTileV + 2 * C * Kp + C * kTileV + Kp);
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kTileV = 32;          // state columns per block
+  static constexpr int kLdTile = kTileV + 8;  // [*, kTileV] buffers, read as (row t, column g) B fragments
+  // K rounded up to 16: warp w holds state rows 16w .. 16w + 15 (K <= 128 = 8 warps x 16).
+  __host__ __device__ static int padded(int K) { return (K + 15) / 16 * 16; }
+  // Row strides of [C, Kp] operands: 4 (mod 32) when read as (row g, column t) A fragments, 8 (mod 32)
+  // when read transposed; both keep the fragment reads free of bank conflicts.
+  __host__ __device__ static int ld_rows(int K) { return padded(K) + 4; }
+  __host__ __device__ static int ld_transposed(int K) { return padded(K) + 8; }
+};
+
+// fwd_state, offsets in floats: W [C, ld_rows], K_down [C, ld_transposed], U [C, kLdTile],
+// S [Kp, kLdTile] (the state, mirrored from registers), delta [C, kLdTile], gamma_L [Kp].
+struct FwdStateLayout {
+  int w, kd, u, s, delta, g_last, floats;
+  __host__ __device__ FwdStateLayout(int C, int K) {
+    constexpr int ld = StateConfig::kLdTile;
+    w = 0;
+    kd = w + C * StateConfig::ld_rows(K);
+    u = kd + C * StateConfig::ld_transposed(K);
+    s = u + C * ld;
+    delta = s + StateConfig::padded(K) * ld;
+    g_last = delta + C * ld;
+    floats = g_last + StateConfig::padded(K);
   }
+  static size_t bytes(int C, int K) { return sizeof(float) * FwdStateLayout(C, K).floats; }
+};
+
+// bwd_state, offsets in floats: K_down [C, ld_rows], the intra d_delta and the total d_delta
+// [C, kLdTile], dS [Kp, kLdTile] (mirrored from registers), Q_up and W [C, ld_transposed],
+// s * dO [C, kLdTile], gamma_L [Kp].
+struct BwdStateLayout {
+  int kd, dd_intra, dd, ds, qu, w, d_o, g_last, floats;
+  __host__ __device__ BwdStateLayout(int C, int K) {
+    constexpr int ld = StateConfig::kLdTile;
+    kd = 0;
+    dd_intra = kd + C * StateConfig::ld_rows(K);
+    dd = dd_intra + C * ld;
+    ds = dd + C * ld;
+    qu = ds + StateConfig::padded(K) * ld;
+    w = qu + C * StateConfig::ld_transposed(K);
+    d_o = w + C * StateConfig::ld_transposed(K);
+    g_last = d_o + C * ld;
+    floats = g_last + StateConfig::padded(K);
+  }
+  static size_t bytes(int C, int K) { return sizeof(float) * BwdStateLayout(C, K).floats; }
 };
 
 }  // namespace fkt::cuda

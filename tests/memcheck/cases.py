@@ -1,0 +1,47 @@
+"""Forward and backward of the CUDA backend on small shapes that reach every padding and tail path
+(odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts), for
+compute-sanitizer (scripts/memcheck.sh). Exits non-zero if an output is not finite."""
+
+import sys
+
+import torch
+
+import flash_kda_train as fkt
+
+CASES = [
+    dict(B=2, T=100, H=2, HV=2, K=16, V=16),
+    dict(B=1, T=130, H=2, HV=4, K=100, V=36, chunk_size=32),
+    dict(B=1, T=97, H=1, HV=1, K=8, V=24, state_v_first=True),
+    dict(B=1, T=200, H=2, HV=2, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 200]),
+    dict(B=1, T=70, H=1, HV=2, K=64, V=72, cu_seqlens=[0, 0, 3, 3, 70], chunk_size=32),
+]
+
+
+def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None):
+    torch.manual_seed(0)
+    dev = "cuda"
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(B, T, HV, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    beta = torch.randn(B, T, HV, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+    h0 = torch.randn(*shape, device=dev, requires_grad=True)
+    A_log = torch.randn(HV, device=dev, requires_grad=True)
+    dt_bias = torch.randn(HV * K, device=dev, requires_grad=True)
+    offsets = None if cu_seqlens is None else torch.tensor(cu_seqlens, device=dev)
+    o, ht = fkt.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_gate_in_kernel=True,
+                          A_log=A_log, dt_bias=dt_bias, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
+                          use_qk_l2norm_in_kernel=True, chunk_size=chunk_size, cu_seqlens=offsets,
+                          state_v_first=state_v_first)
+    torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
+    torch.cuda.synchronize()
+    tensors = [o, ht, q.grad, k.grad, v.grad, g.grad, beta.grad, h0.grad, A_log.grad, dt_bias.grad]
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+if __name__ == "__main__":
+    bad = [case for case in CASES if not run(**case)]
+    print(f"{len(CASES) - len(bad)} of {len(CASES)} cases finite" + (f"; not finite: {bad}" if bad else ""))
+    sys.exit(1 if bad else 0)
