@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -30,17 +31,14 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   float* d_o = smem;               // [C, ldv]
   float* delta = d_o + C * ldv;    // [C, ldv]
   float* P = delta + C * ldv;      // [C, ldp]
-  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32;
+  const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   // Rows past the chunk's end and columns past V are zero.
-  for (int x = tid; x < C * Vp; x += nthreads) {
-    const int r = x / Vp, e = x % Vp;
-    const bool in = r < l && e < V;
-    const int64_t at = row_at(r) * V + e;
-    d_o[r * ldv + e] = in ? load_float(p.d_o, p.d_o_dtype, at) : 0.f;
-    delta[r * ldv + e] = in ? f.ws.delta[at] : 0.f;
-  }
-  for (int x = tid; x < C * C; x += nthreads) P[x / C * ldp + x % C] = x / C < l ? f.ws.P[row_at(x / C) * C + x % C] : 0.f;
+  copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  copy_rows_async(P, ldp, f.ws.P + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
+  cp_async_commit();
+  load_rows_as_float(d_o, ldv, p.d_o, p.d_o_dtype, row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  cp_async_wait<0>();
   __syncthreads();
   // dP: warp tiles of 16 rows x 32 columns; row tile R needs columns below 16 (R + 1) only.
   for (int task = warp; task < C / 16 * (C / 32); task += DpConfig::kWarps) {

@@ -8,8 +8,10 @@
 // terms inside the sub-chunk keep the pairwise exponentials.
 #pragma once
 
+#include "cuda/common/batched.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -50,21 +52,21 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
 
   // Rows past the chunk's end and columns past K are zero; so are dP above and dA on and above
   // the diagonal (as B1 and B3 store them).
-  for (int x = tid; x < C * Kp; x += nthreads) {
-    const int r = x / Kp, d = x % Kp;
-    const bool in = r < l && d < K;
-    const int64_t at = row_at(r) * K + d;
-    q[r * ldk + d] = in ? f.ws.q_hat[at] : 0.f;
-    k[r * ldk + d] = in ? f.ws.k_hat[at] : 0.f;
-    g[r * ldk + d] = in ? f.ws.gamma[at] * kLog2e : 0.f;
-  }
-  for (int x = tid; x < C * C; x += nthreads) {
-    const int r = x / C, i = x % C;
-    const int64_t at = row_at(r) * C + i;
-    dP[r * ldc + i] = r < l ? p.ws.dP[at] : 0.f;
-    dA[r * ldc + i] = r < l ? p.ws.dA[at] : 0.f;
-  }
+  const int64_t stride_k = static_cast<int64_t>(f.HV) * K, stride_c = static_cast<int64_t>(f.HV) * C;
+  copy_rows_async(q, ldk, f.ws.q_hat + row_at(0) * K, stride_k, C, Kp, l, K);
+  copy_rows_async(k, ldk, f.ws.k_hat + row_at(0) * K, stride_k, C, Kp, l, K);
+  copy_rows_async(dP, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
+  copy_rows_async(dA, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
+  cp_async_commit();
+  batched(
+      C * Kp,
+      [&](int x) {
+        const int r = x / Kp, d = x % Kp;
+        return r < l && d < K ? f.ws.gamma[row_at(r) * K + d] : 0.f;
+      },
+      [&](int x, float v) { g[x / Kp * ldk + x % Kp] = v * kLog2e; });
   for (int r = tid; r < C; r += nthreads) beta[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;
+  cp_async_wait<0>();
   __syncthreads();
 
   const int groups = Kp / kCols;

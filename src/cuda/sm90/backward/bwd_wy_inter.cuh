@@ -5,7 +5,9 @@
 // product runs on tensor cores (common/mma.cuh); warps own 16-row tiles of the outputs.
 #pragma once
 
+#include "cuda/common/batched.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -94,21 +96,14 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     for (int e0 = 0; e0 < V; e0 += kTile) {
       const int width = min(kTile, V - e0);
       __syncthreads();
-      for (int x = tid; x < Kp * kTile; x += nthreads) {
-        const int d = x / kTile, e = x % kTile;
-        const bool in = d < K && e < width;
-        const int64_t at = state + static_cast<int64_t>(d) * V + e0 + e;
-        S[d * lds + e] = in ? f.ws.states[at] : 0.f;
-        dS[d * lds + e] = in ? p.ws.d_states[at] : 0.f;
-      }
-      for (int x = tid; x < C * kTile; x += nthreads) {
-        const int r = x / kTile, e = x % kTile;
-        const bool in = r < l && e < width;
-        const int64_t at = row_at(r) * V + e0 + e;
-        tile_do[r * lds + e] = in ? load_float(p.d_o, p.d_o_dtype, at) : 0.f;
-        tile_delta[r * lds + e] = in ? f.ws.delta[at] : 0.f;
-        tile_dd[r * lds + e] = in ? p.ws.d_delta[at] : 0.f;
-      }
+      const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
+      copy_rows_async(S, lds, f.ws.states + state + e0, V, Kp, kTile, K, width);
+      copy_rows_async(dS, lds, p.ws.d_states + state + e0, V, Kp, kTile, K, width);
+      copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
+      copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
+      cp_async_commit();
+      load_rows_as_float(tile_do, lds, p.d_o, p.d_o_dtype, row_at(0) * V + e0, stride_v, C, kTile, l, width);
+      cp_async_wait<0>();
       __syncthreads();
       if (w.x) {
         const int g = lane / 4, t = lane % 4;
@@ -144,34 +139,35 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 2: dq_inter, dk_inter, dW and the first dgamma terms; then T, d_delta and v into the region.
   const float* gamma = f.ws.gamma;
   const int64_t last = row_at(l - 1) * K;
-  for (int x = tid; x < C * Kp; x += nthreads) {
-    const int r = x / Kp, d = x % Kp;
-    if (r >= l || d >= K) {
-      B2[r * ldb + d] = 0.f;  // dW is an mma operand below: its padding must be zero
-      continue;
-    }
-    const int64_t at = row_at(r) * K + d;
-    const float g = gamma[at];
-    const float dq = f.scale * B0[r * ldb + d] * expf(g);
-    const float dk_inter = B1[r * ldb + d] * expf(gamma[last + d] - g);
-    B1[r * ldb + d] = dk_inter;
-    B2[r * ldb + d] = -B2[r * ldb + d];
-    p.ws.dq[at] = dq;
-    p.ws.dgamma[at] = f.ws.q_hat[at] * dq - f.ws.k_hat[at] * dk_inter;
-  }
+  batched(
+      C * Kp,
+      [&](int x) {  // gamma, gamma of the last row, q_hat, k_hat
+        const int r = x / Kp, d = x % Kp;
+        if (r >= l || d >= K) return float4{0.f, 0.f, 0.f, 0.f};
+        const int64_t at = row_at(r) * K + d;
+        return float4{gamma[at], gamma[last + d], f.ws.q_hat[at], f.ws.k_hat[at]};
+      },
+      [&](int x, float4 v) {
+        const int r = x / Kp, d = x % Kp, at = r * ldb + d;
+        if (r >= l || d >= K) {
+          B2[at] = 0.f;  // dW is an mma operand below: its padding must be zero
+          return;
+        }
+        const float dq = f.scale * B0[at] * expf(v.x);
+        const float dk_inter = B1[at] * expf(v.y - v.x);
+        B1[at] = dk_inter;
+        B2[at] = -B2[at];
+        p.ws.dq[row_at(r) * K + d] = dq;
+        p.ws.dgamma[row_at(r) * K + d] = v.z * dq - v.w * dk_inter;
+      });
   float* T = smem + L.t;    // [C, ldt]
   float* dd = smem + L.dd;  // [C, ldv]
   float* vs = smem + L.v;   // [C, ldv]
-  for (int x = tid; x < C * C; x += nthreads) {
-    const int r = x / C, i = x % C;
-    T[r * ldt + i] = r < l ? f.ws.T[row_at(r) * C + i] : 0.f;
-  }
-  for (int x = tid; x < C * Vp; x += nthreads) {
-    const int r = x / Vp, e = x % Vp;
-    const bool in = r < l && e < V;
-    dd[r * ldv + e] = in ? p.ws.d_delta[row_at(r) * V + e] : 0.f;
-    vs[r * ldv + e] = in ? load_float(f.v, f.v_dtype, row_at(r) * V + e) : 0.f;
-  }
+  copy_rows_async(T, ldt, f.ws.T + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
+  copy_rows_async(dd, ldv, p.ws.d_delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  cp_async_commit();
+  load_rows_as_float(vs, ldv, f.v, f.v_dtype, row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  cp_async_wait<0>();
   __syncthreads();
 
   // Phase 3: B0 = Y_w = T^T dW; Y_u = T^T d_delta, dv = beta Y_u and the Y_u . v part of dbeta.
@@ -220,19 +216,28 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   }
   __syncthreads();
   // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w; then B1 = K_up (zero padded).
-  for (int x = tid; x < l * K; x += nthreads) {
-    const int r = x / K, d = x % K;
-    const int64_t at = row_at(r) * K + d;
-    const float up = expf(gamma[at]), beta = f.ws.beta_act[row_at(r)], yw = B0[r * ldb + d];
-    p.ws.dk[at] = B1[r * ldb + d] + beta * up * yw;
-    p.ws.dgamma[at] += beta * f.ws.k_hat[at] * up * yw;
-  }
+  batched(
+      l * K,
+      [&](int x) {  // gamma, beta, k_hat, dgamma so far
+        const int64_t at = row_at(x / K) * K + x % K;
+        return float4{gamma[at], f.ws.beta_act[row_at(x / K)], f.ws.k_hat[at], p.ws.dgamma[at]};
+      },
+      [&](int x, float4 v) {
+        const int r = x / K, d = x % K;
+        const int64_t at = row_at(r) * K + d;
+        const float up = expf(v.x), yw = B0[r * ldb + d];
+        p.ws.dk[at] = B1[r * ldb + d] + v.y * up * yw;
+        p.ws.dgamma[at] = v.w + v.y * v.z * up * yw;
+      });
   __syncthreads();
-  for (int x = tid; x < C * Kp; x += nthreads) {
-    const int r = x / Kp, d = x % Kp;
-    const int64_t at = row_at(r) * K + d;
-    B1[r * ldb + d] = r < l && d < K ? f.ws.k_hat[at] * expf(gamma[at]) : 0.f;
-  }
+  batched(
+      C * Kp,
+      [&](int x) {
+        const int r = x / Kp, d = x % Kp;
+        if (r >= l || d >= K) return float2{0.f, 0.f};
+        return float2{f.ws.k_hat[row_at(r) * K + d], gamma[row_at(r) * K + d]};
+      },
+      [&](int x, float2 v) { B1[x / Kp * ldb + x % Kp] = v.x * expf(v.y); });
   __syncthreads();
 
   // The [C, C] products: warp tiles of 16 rows x 32 columns.

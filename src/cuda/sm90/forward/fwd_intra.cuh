@@ -8,6 +8,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -93,28 +94,26 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
 
   // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
-  for (int x = tid; x < C * Kp; x += nthreads) {
-    const int r = x / Kp, d = x % Kp;
-    const bool in = r < l && d < K;
-    const int64_t at = ((c.first_row + r) * p.H + qk_head) * K + d;
-    q[r * ldk + d] = in ? load_float(p.q, p.qk_dtype, at) : 0.f;
-    k[r * ldk + d] = in ? load_float(p.k, p.qk_dtype, at) : 0.f;
-    g[r * ldk + d] = in ? p.ws.gamma[row_at(r) * K + d] * kLog2e : 0.f;
-  }
+  const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
+  copy_rows_async(g, ldk, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  cp_async_commit();
+  const int64_t qk_first = (c.first_row * p.H + qk_head) * K;
+  load_rows_as_float(q, ldk, p.q, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+  load_rows_as_float(k, ldk, p.k, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+  load_rows_as_float(X, ldx, p.v, p.v_dtype, row_at(0) * V, static_cast<int64_t>(p.HV) * V, C, Vp, l, V);
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
   }
   for (int x = tid; x < C * ldc; x += nthreads) A[x] = T[x] = 0.f;
+  cp_async_wait<0>();
   __syncthreads();
-  for (int x = tid; x < C * Vp; x += nthreads) {
-    const int r = x / Vp, e = x % Vp;
-    X[r * ldx + e] = r < l && e < V ? beta[r] * load_float(p.v, p.v_dtype, row_at(r) * V + e) : 0.f;
-  }
+  for (int x = tid; x < C * Kp; x += nthreads) g[x / Kp * ldk + x % Kp] *= kLog2e;
+  for (int x = tid; x < C * Vp; x += nthreads) X[x / Vp * ldx + x % Vp] *= beta[x / Vp];
   if (p.l2norm) {
     l2norm_rows(q, l, K, ldk);
     l2norm_rows(k, l, K, ldk);
-    __syncthreads();
   }
+  __syncthreads();
   if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
     for (int x = tid; x < l * K; x += nthreads) {
       const int r = x / K, d = x % K;
@@ -179,7 +178,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
     }
   }
   __syncthreads();
-  for (int x = tid; x < l * C; x += nthreads) p.ws.P[row_at(x / C) * C + x % C] = T[x / C * ldc + x % C];
+  store_rows(p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   __syncthreads();
 
   // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
@@ -219,7 +218,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
   }
 
   if (p.ws.T != nullptr) {
-    for (int x = tid; x < l * C; x += nthreads) p.ws.T[row_at(x / C) * C + x % C] = T[x / C * ldc + x % C];
+    store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   }
   // U = T (beta V), then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
   // reads T's columns below 16 (R + 1) only (T is lower triangular).

@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -36,26 +37,17 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   float* h = qu + C * ldq;         // [Kp, kLdB]
   float* P = h + Kp * kLdB;        // [C, ldp]
   float* delta = P + C * ldp;      // [C, kLdB]
-  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32;
+  const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };
 
   // Rows past the chunk's end, columns past K and past the tile are zero.
-  for (int x = tid; x < C * Kp; x += nthreads) {
-    const int r = x / Kp, d = x % Kp;
-    qu[r * ldq + d] = r < l && d < K ? p.ws.q_up[row_at(r) * K + d] : 0.f;
-  }
-  for (int x = tid; x < Kp * kTile; x += nthreads) {
-    const int d = x / kTile, e = x % kTile;
-    h[d * kLdB + e] = d < K && e < width ? p.ws.states[((chunk * p.HV + head) * K + d) * V + e0 + e] : 0.f;
-  }
-  for (int x = tid; x < C * C; x += nthreads) {
-    const int r = x / C, i = x % C;
-    P[r * ldp + i] = r < l ? p.ws.P[row_at(r) * C + i] : 0.f;
-  }
-  for (int x = tid; x < C * kTile; x += nthreads) {
-    const int r = x / kTile, e = x % kTile;
-    delta[r * kLdB + e] = r < l && e < width ? p.ws.delta[row_at(r) * V + e0 + e] : 0.f;
-  }
+  const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_v = static_cast<int64_t>(p.HV) * V;
+  copy_rows_async(qu, ldq, p.ws.q_up + row_at(0) * K, stride_k, C, Kp, l, K);
+  copy_rows_async(h, kLdB, p.ws.states + (chunk * p.HV + head) * K * V + e0, V, Kp, kTile, K, width);
+  copy_rows_async(P, ldp, p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l, C);
+  copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   // Warp tasks: (16-row tile, 32-column half of the V-tile); P is lower triangular, so row tile R
   // reads delta's rows below 16 (R + 1) only.

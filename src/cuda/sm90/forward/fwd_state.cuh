@@ -6,8 +6,8 @@
 #pragma once
 
 #include "cuda/common/convert.cuh"
-#include "cuda/common/cp_async.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
 

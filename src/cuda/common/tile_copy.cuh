@@ -1,0 +1,123 @@
+// Row-block copies between global and shared memory. Loads are asynchronous (cp.async, sm_80+):
+// a stage enqueues all of a tile's loads at once, or the next chunk's operands while it computes
+// on the current ones, instead of waiting one memory latency per element. PTX ISA, "cp.async": a
+// src-size below the copy size zero-fills the rest; groups complete in the order they were committed.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.hpp"
+#include "cuda/common/batched.cuh"
+#include "cuda/common/convert.cuh"
+
+namespace fkt::cuda {
+
+template <int kBytes>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
+  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(to), "l"(src), "n"(kBytes),
+               "r"(valid ? kBytes : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Enqueues (by the whole block) the copy of a [rows, cols] block of fp32 rows with global row
+// stride `stride` floats into shared memory with row stride ld, zero-filling rows >= valid_rows and
+// columns >= valid_cols. 16-byte copies when every row start is 16-byte aligned, else 4-byte ones.
+__device__ __forceinline__ void copy_rows_async(float* dst, int ld, const float* src, int64_t stride, int rows,
+                                                int cols, int valid_rows, int valid_cols) {
+  const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && valid_cols % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (vector) {
+    const int quads = cols / 4;
+    for (int x = threadIdx.x; x < rows * quads; x += blockDim.x) {
+      const int r = x / quads, c = x % quads * 4;
+      const bool in = r < valid_rows && c < valid_cols;
+      cp_async<16>(dst + r * ld + c, in ? src + r * stride + c : src, in);
+    }
+    return;
+  }
+  for (int x = threadIdx.x; x < rows * cols; x += blockDim.x) {
+    const int r = x / cols, c = x % cols;
+    const bool in = r < valid_rows && c < valid_cols;
+    cp_async<4>(dst + r * ld + c, in ? src + r * stride + c : src, in);
+  }
+}
+
+// Loads (by the whole block) a [rows, cols] block of rows with stride `stride` elements of T into
+// fp32 shared memory with row stride ld, zero-filling rows >= valid_rows and columns >= valid_cols.
+// 16-byte loads, each thread's issued before its stores, when every row start is 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const T* src, int64_t stride, int rows, int cols,
+                                                   int valid_rows, int valid_cols) {
+  constexpr int kPer = 16 / sizeof(T);
+  const bool vector = stride % kPer == 0 && cols % kPer == 0 && valid_cols % kPer == 0 && ld % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (vector) {
+    const int vecs = cols / kPer;
+    batched(
+        rows * vecs,
+        [&](int x) {
+          const int r = x / vecs, c = x % vecs * kPer;
+          return r < valid_rows && c < valid_cols ? *reinterpret_cast<const uint4*>(src + r * stride + c)
+                                                  : make_uint4(0u, 0u, 0u, 0u);
+        },
+        [&](int x, uint4 raw) {
+          float* out = dst + x / vecs * ld + x % vecs * kPer;
+          const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+          for (int i = 0; i < kPer; i += 4) {
+            *reinterpret_cast<float4*>(out + i) = make_float4(to_float(e[i]), to_float(e[i + 1]), to_float(e[i + 2]),
+                                                             to_float(e[i + 3]));
+          }
+        });
+    return;
+  }
+  batched(
+      rows * cols,
+      [&](int x) {
+        const int r = x / cols, c = x % cols;
+        return r < valid_rows && c < valid_cols ? to_float(src[r * stride + c]) : 0.f;
+      },
+      [&](int x, float v) { dst[x / cols * ld + x % cols] = v; });
+}
+
+// The same for a tensor whose dtype (bf16, fp16 or fp32) is known at run time; the block starts at
+// element `offset`.
+__device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const void* base, DType dtype, int64_t offset,
+                                                   int64_t stride, int rows, int cols, int valid_rows, int valid_cols) {
+  switch (dtype) {
+    case DType::kBF16:
+      return load_rows_as_float(dst, ld, static_cast<const __nv_bfloat16*>(base) + offset, stride, rows, cols, valid_rows,
+                                valid_cols);
+    case DType::kF16:
+      return load_rows_as_float(dst, ld, static_cast<const __half*>(base) + offset, stride, rows, cols, valid_rows,
+                                valid_cols);
+    default:
+      return load_rows_as_float(dst, ld, static_cast<const float*>(base) + offset, stride, rows, cols, valid_rows,
+                                valid_cols);
+  }
+}
+
+// Stores (by the whole block) rows [0, rows) x columns [0, cols) of shared memory (row stride ld) to
+// global rows with stride `stride` floats; 16-byte stores when every row start is 16-byte aligned.
+__device__ __forceinline__ void store_rows(float* dst, int64_t stride, const float* src, int ld, int rows, int cols) {
+  const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (vector) {
+    const int quads = cols / 4;
+    for (int x = threadIdx.x; x < rows * quads; x += blockDim.x) {
+      const int r = x / quads, c = x % quads * 4;
+      *reinterpret_cast<float4*>(dst + r * stride + c) = *reinterpret_cast<const float4*>(src + r * ld + c);
+    }
+    return;
+  }
+  for (int x = threadIdx.x; x < rows * cols; x += blockDim.x) dst[x / cols * stride + x % cols] = src[x / cols * ld + x % cols];
+}
+
+}  // namespace fkt::cuda
