@@ -124,8 +124,8 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
   FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
   launch(bwd_dp_kernel, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes(p.chunk, p.K, p.V), s, params.bwd);
-  launch(cp_backward_summary_kernel, cp_summary_grid(p), BwdStateConfig::kThreads,
-         BwdStateConfig::smem_bytes(p.chunk, p.K, p.V), s, params);
+  launch(cp_backward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, BwdStateLayout::bytes(p.chunk, p.K), s,
+         params);
 }
 
 }  // namespace fkt::cuda

@@ -89,7 +89,7 @@ void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char
   params.summary = summary;
   forward_local_stages(p, params.fwd, stream);
   const DeviceGuard device(p.device.device_id);
-  launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, StateConfig::smem_bytes(p.chunk, p.K),
+  launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
          static_cast<cudaStream_t>(stream), params);
 }
 
