@@ -161,7 +161,8 @@ FKT_API int fkt_stage_gate_cumsum(const fkt_inputs* in, const fkt_options* opt, 
  *
  * The summaries read the inputs exactly as fkt_forward does (validated the same way) and summarise
  * sequence `sequence` (0 <= sequence < N; dense inputs: batch row) alone; initial_state is not read.
- * Workspace: a uint8 buffer of the size fkt_cp_plan_sizes returns (NULL when 0 bytes). */
+ * Workspace: a uint8 buffer of the size fkt_cp_plan_sizes returns (NULL when 0 bytes). CUDA tensors
+ * run on the CUDA backend (its supported configurations), enqueued on `stream` like fkt_forward. */
 
 typedef struct fkt_cp_sizes {
   uint64_t forward_summary_workspace_bytes;
@@ -187,7 +188,7 @@ enum fkt_cp_direction { FKT_CP_FORWARD = 0, FKT_CP_BACKWARD = 1 };
  *   FKT_CP_BACKWARD: dS = 0; for r = first + count - 1 down to first (nearest last):
  *                    dS = dM_r dS + dS_ext_r (the gradient of the state leaving a sequence that
  *                    continues on count later ranks).
- * count == 0 writes zeros. No workspace. */
+ * count == 0 writes zeros. No workspace. CUDA tensors: float32, K, V <= 128, enqueued on `stream`. */
 FKT_API int fkt_cp_fold(const fkt_tensor* summaries, int64_t first, int64_t count, int32_t direction,
                         int32_t state_v_first, fkt_tensor* state, void* stream);
 

@@ -49,16 +49,19 @@ def _readable(t):
     return t.contiguous() if t is not None and t.is_cuda else t
 
 
+def readable(inputs: Inputs) -> Inputs:
+    """``inputs`` as the backend of their device reads them."""
+    return Inputs(*(_readable(t) for t in inputs))
+
+
 def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_intermediate_states: bool = False):
     """Runs the forward; returns (o, final_state or None, intermediate states or None)."""
-    inputs = Inputs(*(_readable(t) for t in inputs))
-    return _abi.forward(TORCH, cfg, inputs, output_final_state, return_intermediate_states)
+    return _abi.forward(TORCH, cfg, readable(inputs), output_final_state, return_intermediate_states)
 
 
 def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs."""
-    inputs = Inputs(*(_readable(t) for t in inputs))
-    return _abi.backward(TORCH, cfg, inputs, _readable(d_o), _readable(d_final_state))
+    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state))
 
 
 def gold_forward(cfg: Config, inputs: Inputs, output_final_state: bool = True):

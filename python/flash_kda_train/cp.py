@@ -24,9 +24,9 @@ Usage::
     ctx = build_cp_context(cu_seqlens_global, group)        # once per batch layout
     o, _ = chunk_kda(q_local, k_local, v_local, g_local, beta_local, cp_context=ctx, ...)
 
-The summaries and the fold are computed by libflash_kda_train; the exchange uses torch.distributed
-collectives only. The summaries run on the CPU backend so far (Gloo groups); CUDA tensors are
-refused until the CUDA backend has summary kernels.
+The summaries and the fold are computed by libflash_kda_train on the tensors' device (the CPU
+backend with a Gloo group, the CUDA backend with an NCCL group, on the current stream); the
+exchange uses torch.distributed collectives only.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _core, _lib
+from . import _abi, _core, _lib
 from ._tensors import describe_torch, pointer
 
 
@@ -130,28 +130,15 @@ def build_cp_context(cu_seqlens: torch.Tensor, group: Optional[dist.ProcessGroup
 # ---------------------------------------------------------------------------------------------------
 # The library calls (summaries and fold), with workspace sized by fkt_cp_plan_sizes.
 
-class _Described:
-    """fkt_inputs and fkt_options of one call; keeps every tensor description alive."""
+def _call(cfg: _core.Config, inputs: _core.Inputs) -> _abi.Call:
+    """The described inputs of one summary call, as the backend reads them (contiguous on CUDA)."""
+    return _abi.Call(_core.TORCH, cfg, _core.readable(inputs))
 
-    def __init__(self, cfg: _core.Config, inputs: _core.Inputs):
-        self.options = cfg.options()
-        self.described = {name: describe_torch(t) if t is not None else None for name, t in inputs._asdict().items()}
-        self.struct = _lib.Inputs(**{name: pointer(d) for name, d in self.described.items()})
-        self.device = inputs.q.device
 
-    def sizes(self) -> _lib.CpSizes:
-        sizes = _lib.CpSizes()
-        _lib.check(_lib.lib.fkt_cp_plan_sizes(ctypes.byref(self.struct), ctypes.byref(self.options),
-                                              ctypes.byref(sizes)))
-        return sizes
-
-    def workspace(self, nbytes: int):
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device) if nbytes else None
-
-    def stream(self):
-        if self.device.type == "cuda":
-            return ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
-        return None
+def _cp_sizes(call: _abi.Call) -> _lib.CpSizes:
+    sizes = _lib.CpSizes()
+    _lib.check(_lib.lib.fkt_cp_plan_sizes(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(sizes)))
+    return sizes
 
 
 def _state_dtype(q: torch.Tensor) -> torch.dtype:
@@ -165,9 +152,9 @@ def _empty_summary(inputs: _core.Inputs) -> torch.Tensor:
 
 def forward_summary(cfg: _core.Config, inputs: _core.Inputs, sequence: int) -> torch.Tensor:
     """``[S_ext | M]`` ([HV, K, V + K], state dtype) of sequence ``sequence`` of the inputs."""
-    call = _Described(cfg, inputs)
+    call = _call(cfg, inputs)
     out = _empty_summary(inputs)
-    workspace = call.workspace(call.sizes().forward_summary_workspace_bytes)
+    workspace = call.buffer(_cp_sizes(call).forward_summary_workspace_bytes)
     d_out, d_ws = describe_torch(out), describe_torch(workspace) if workspace is not None else None
     _lib.check(_lib.lib.fkt_cp_forward_summary(ctypes.byref(call.struct), ctypes.byref(call.options), sequence,
                                                d_out.ref(), pointer(d_ws), call.stream()))
@@ -176,9 +163,9 @@ def forward_summary(cfg: _core.Config, inputs: _core.Inputs, sequence: int) -> t
 
 def backward_summary(cfg: _core.Config, inputs: _core.Inputs, d_o: torch.Tensor, sequence: int) -> torch.Tensor:
     """``[dS_ext | dM]`` ([HV, K, V + K], state dtype) of sequence ``sequence`` given ``d_o``."""
-    call = _Described(cfg, inputs)
+    call = _call(cfg, inputs)
     out = _empty_summary(inputs)
-    workspace = call.workspace(call.sizes().backward_summary_workspace_bytes)
+    workspace = call.buffer(_cp_sizes(call).backward_summary_workspace_bytes)
     d_do, d_out = describe_torch(d_o), describe_torch(out)
     d_ws = describe_torch(workspace) if workspace is not None else None
     _lib.check(_lib.lib.fkt_cp_backward_summary(ctypes.byref(call.struct), ctypes.byref(call.options), d_do.ref(),
@@ -190,8 +177,7 @@ def fold(summaries: torch.Tensor, first: int, count: int, backward: bool, state_
          out: torch.Tensor) -> torch.Tensor:
     """Folds gathered summaries of ranks ``first .. first + count - 1`` into ``out`` (one state)."""
     d_sums, d_out = describe_torch(summaries), describe_torch(out)
-    stream = (ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream)
-              if out.device.type == "cuda" else None)
+    stream = _core.TORCH.stream(out)
     _lib.check(_lib.lib.fkt_cp_fold(d_sums.ref(), first, count, _lib.CP_BACKWARD if backward else _lib.CP_FORWARD,
                                     int(state_v_first), d_out.ref(), stream))
     return out
@@ -277,5 +263,7 @@ def chunk_kda(cfg: _core.Config, q, k, v, g, beta, A_log, dt_bias, cp_context) -
     cu_seqlens_cpu = getattr(cp_context, "cu_seqlens_cpu", None)
     if cu_seqlens_cpu is None:
         cu_seqlens_cpu = cu_seqlens.detach().cpu()
+    if cu_seqlens.device != q.device:  # a context built from host offsets, used with CUDA tensors
+        cu_seqlens = cu_seqlens.to(q.device)
     layout = _Layout(cp_context, int(cu_seqlens_cpu.numel()) - 1)
     return _ChunkKDAContextParallel.apply(q, k, v, g, beta, A_log, dt_bias, cfg, layout, cu_seqlens, cu_seqlens_cpu)

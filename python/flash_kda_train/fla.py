@@ -33,7 +33,7 @@ def _reason(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph)
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return f"compute capability {torch.cuda.get_device_capability(q.device)} (built for Hopper, sm_90a)"
     if cp_context is not None:
-        return "context parallelism runs on the CPU backend only so far"
+        return "context parallelism is not routed through FLA's dispatch (flash_kda_train.chunk_kda takes cp_context)"
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if t.dtype not in _DTYPES:
             return f"{name} dtype {t.dtype} (supported: bfloat16, float16, float32)"

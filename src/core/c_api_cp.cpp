@@ -1,31 +1,32 @@
-// The context-parallel part of the C ABI (end of c_api.h): per-sequence summaries and their fold.
-// The CPU backend implements them; the CUDA backend refuses them until it has summary kernels.
+// The context-parallel part of the C ABI (end of c_api.h): per-sequence summaries and their fold,
+// on the backend of the tensors' device (CUDA: the configurations cuda::check_supported accepts).
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/guarded.hpp"
 #include "core/problem.hpp"
+#include "core/registry.hpp"
 #include "cpu/cp_summary.hpp"
+#include "cuda/backend.hpp"
 #include "flash_kda_train/c_api.h"
 
 namespace {
 
+using fkt::Backend;
 using fkt::DType;
 using fkt::TensorRef;
-
-void refuse_cuda(const fkt_device& device) {
-  FKT_CHECK(device.device_type != FKT_DEVICE_CUDA)
-      << "context parallelism: the summaries and their fold run on the CPU backend only for now (the CUDA "
-         "backend has no summary kernels yet); got tensors on "
-      << fkt::device_str(device);
-}
 
 fkt::Problem cp_problem(const fkt_inputs* in, const fkt_options* opt) {
   FKT_CHECK(in != nullptr && opt != nullptr) << "inputs and options must not be null";
   fkt::Problem p = fkt::make_problem(*in, *opt);
-  refuse_cuda(p.device);
+  fkt::check_supported(p);
   return p;
+}
+
+fkt::cpu::CpSizes cp_sizes(const fkt::Problem& p) {
+  if (p.backend == Backend::kCpu) return fkt::cpu::cp_plan_sizes(p);
+  return {fkt::cuda::cp_forward_summary_workspace_bytes(p), fkt::cuda::cp_backward_summary_workspace_bytes(p)};
 }
 
 void check_sequence(const fkt::Problem& p, int64_t sequence) {
@@ -68,36 +69,39 @@ int fkt_cp_plan_sizes(const fkt_inputs* in, const fkt_options* opt, fkt_cp_sizes
   return fkt::guarded([&] {
     FKT_CHECK(sizes != nullptr) << "sizes must not be null";
     const fkt::Problem p = cp_problem(in, opt);
-    const fkt::cpu::CpSizes s = fkt::cpu::cp_plan_sizes(p);
-    *sizes = {s.forward_summary_workspace_bytes, s.backward_summary_workspace_bytes, FKT_BACKEND_CPU};
+    const fkt::cpu::CpSizes s = cp_sizes(p);
+    *sizes = {s.forward_summary_workspace_bytes, s.backward_summary_workspace_bytes,
+              p.backend == Backend::kCpu ? FKT_BACKEND_CPU : FKT_BACKEND_CUDA};
   });
 }
 
 int fkt_cp_forward_summary(const fkt_inputs* in, const fkt_options* opt, int64_t sequence, fkt_tensor* summary,
-                           fkt_tensor* workspace, void* /*stream*/) {
+                           fkt_tensor* workspace, void* stream) {
   return fkt::guarded([&] {
     const fkt::Problem p = cp_problem(in, opt);
     check_sequence(p, sequence);
     char* out = checked_summary(p, summary);
-    char* ws = checked_workspace(p, workspace, fkt::cpu::cp_plan_sizes(p).forward_summary_workspace_bytes);
-    fkt::cpu::cp_forward_summary(p, sequence, out, ws);
+    char* ws = checked_workspace(p, workspace, cp_sizes(p).forward_summary_workspace_bytes);
+    if (p.backend == Backend::kCpu) return fkt::cpu::cp_forward_summary(p, sequence, out, ws);
+    fkt::cuda::cp_forward_summary(p, sequence, reinterpret_cast<float*>(out), ws, stream);
   });
 }
 
 int fkt_cp_backward_summary(const fkt_inputs* in, const fkt_options* opt, const fkt_tensor* d_o, int64_t sequence,
-                            fkt_tensor* summary, fkt_tensor* workspace, void* /*stream*/) {
+                            fkt_tensor* summary, fkt_tensor* workspace, void* stream) {
   return fkt::guarded([&] {
     const fkt::Problem p = cp_problem(in, opt);
     check_sequence(p, sequence);
     fkt::expect_d_o(p, d_o);
     char* out = checked_summary(p, summary);
-    char* ws = checked_workspace(p, workspace, fkt::cpu::cp_plan_sizes(p).backward_summary_workspace_bytes);
-    fkt::cpu::cp_backward_summary(p, d_o, sequence, out, ws);
+    char* ws = checked_workspace(p, workspace, cp_sizes(p).backward_summary_workspace_bytes);
+    if (p.backend == Backend::kCpu) return fkt::cpu::cp_backward_summary(p, d_o, sequence, out, ws);
+    fkt::cuda::cp_backward_summary(p, d_o, sequence, reinterpret_cast<float*>(out), ws, stream);
   });
 }
 
 int fkt_cp_fold(const fkt_tensor* summaries, int64_t first, int64_t count, int32_t direction, int32_t state_v_first,
-                fkt_tensor* state, void* /*stream*/) {
+                fkt_tensor* state, void* stream) {
   return fkt::guarded([&] {
     FKT_CHECK(summaries != nullptr) << "summaries: the gathered summaries are required";
     FKT_CHECK(state != nullptr) << "state: the output tensor is required";
@@ -109,8 +113,10 @@ int fkt_cp_fold(const fkt_tensor* summaries, int64_t first, int64_t count, int32
         << "summaries: expected float32 or float64, got " << fkt::dtype_name(sums.dtype);
     const int64_t R = sums.shape[0], HV = sums.shape[1], K = sums.shape[2], V = sums.shape[3] - K;
     FKT_CHECK(K <= 256) << "summaries: expected K <= 256, got K = " << K;
-    refuse_cuda(summaries->device);
-    expect_contiguous_on(sums, summaries->device, "the summaries");
+    const fkt_device& device = summaries->device;
+    FKT_CHECK(device.device_type == FKT_DEVICE_CPU || device.device_type == FKT_DEVICE_CUDA)
+        << "summaries: expected a CPU or CUDA tensor, got one on " << fkt::device_str(device);
+    expect_contiguous_on(sums, device, "the summaries");
     FKT_CHECK(direction == FKT_CP_FORWARD || direction == FKT_CP_BACKWARD)
         << "direction: expected FKT_CP_FORWARD (0) or FKT_CP_BACKWARD (1), got " << direction;
     FKT_CHECK(first >= 0 && count >= 0 && first + count <= R)
@@ -121,8 +127,15 @@ int fkt_cp_fold(const fkt_tensor* summaries, int64_t first, int64_t count, int32
                                   << " = " << fkt::shape_str(shape) << ", got " << out.shape_str();
     FKT_CHECK(out.dtype == sums.dtype) << "state: expected the dtype of the summaries ("
                                        << fkt::dtype_name(sums.dtype) << "), got " << fkt::dtype_name(out.dtype);
-    expect_contiguous_on(out, summaries->device, "the summaries");
+    expect_contiguous_on(out, device, "the summaries");
     const bool backward = direction == FKT_CP_BACKWARD;
+    if (device.device_type == FKT_DEVICE_CUDA) {
+      FKT_CHECK(sums.dtype == DType::kF32) << "summaries: the CUDA fold reads float32 summaries (the state dtype of "
+                                              "the CUDA backend), got "
+                                           << fkt::dtype_name(sums.dtype);
+      return fkt::cuda::cp_fold(reinterpret_cast<const float*>(sums.bytes()), HV, K, V, first, count, backward,
+                                state_v_first != 0, reinterpret_cast<float*>(out.bytes()), device.device_id, stream);
+    }
     if (sums.dtype == DType::kF64) {
       fkt::cpu::cp_fold(reinterpret_cast<const double*>(sums.bytes()), HV, K, V, first, count, backward,
                         state_v_first != 0, reinterpret_cast<double*>(out.bytes()));

@@ -343,8 +343,11 @@ TEST(CpValidation, BadArgumentsAreNamed) {
   }
   fkt_inputs cx = cuda_in.inputs();
   fkt_cp_sizes unused{};
-  EXPECT_THAT(error_of(fkt_cp_plan_sizes(&cx, &cuda_in.opt, &unused)),
-              HasSubstr("context parallelism: the summaries and their fold run on the CPU backend only"));
+  if (!fkt_has_cuda()) {
+    EXPECT_THAT(error_of(fkt_cp_plan_sizes(&cx, &cuda_in.opt, &unused)),
+                HasSubstr("q: the tensors are on a CUDA device, but this build of flash_kda_train has no CUDA "
+                          "backend"));
+  }
 
   // The fold.
   Tensor sums(DT::kF64, {3, c.HV, c.K, c.V + c.K});
@@ -363,6 +366,31 @@ TEST(CpValidation, BadArgumentsAreNamed) {
   EXPECT_THAT(error_of(fkt_cp_fold(flat.raw(), 0, 1, FKT_CP_FORWARD, 0, state.raw(), nullptr)),
               HasSubstr("summaries: expected shape [R, HV, K, V + K] with V >= 1"));
   EXPECT_EQ(fkt_cp_fold(sums.raw(), 0, 3, FKT_CP_BACKWARD, 0, state.raw(), nullptr), 0) << fkt_last_error();
+
+  // The fold on CUDA (device tags only: every check below fires before anything touches memory).
+  sums.set_device(FKT_DEVICE_CUDA, 0);
+  EXPECT_THAT(error_of(fkt_cp_fold(sums.raw(), 0, 1, FKT_CP_FORWARD, 0, state.raw(), nullptr)),
+              HasSubstr("state: expected a tensor on cuda:0 (the device of the summaries), got one on cpu"));
+  state.set_device(FKT_DEVICE_CUDA, 0);
+  EXPECT_THAT(error_of(fkt_cp_fold(sums.raw(), 0, 1, FKT_CP_FORWARD, 0, state.raw(), nullptr)),
+              HasSubstr("summaries: the CUDA fold reads float32 summaries (the state dtype of the CUDA backend), got "
+                        "float64"));
+  Tensor f32_sums(DT::kF32, {3, c.HV, c.K, c.V + c.K});
+  f32_sums.set_device(FKT_DEVICE_CUDA, 0);
+  f32_state.set_device(FKT_DEVICE_CUDA, 0);
+  if (!fkt_has_cuda()) {
+    EXPECT_THAT(error_of(fkt_cp_fold(f32_sums.raw(), 0, 1, FKT_CP_FORWARD, 0, f32_state.raw(), nullptr)),
+                HasSubstr("summaries: the tensors are on a CUDA device, but this build of flash_kda_train has no CUDA "
+                          "backend (nvcc was not found when it was built), so the context-parallel fold cannot run"));
+  }
+  Tensor wide(DT::kF32, {3, c.HV, 200, 208});
+  wide.set_device(FKT_DEVICE_CUDA, 0);
+  Tensor wide_state(DT::kF32, {c.HV, 200, 8});
+  wide_state.set_device(FKT_DEVICE_CUDA, 0);
+  if (fkt_has_cuda()) {
+    EXPECT_THAT(error_of(fkt_cp_fold(wide.raw(), 0, 1, FKT_CP_FORWARD, 0, wide_state.raw(), nullptr)),
+                HasSubstr("summaries: the CUDA fold supports the summaries of the CUDA backend, K, V <= 128"));
+  }
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 """Forward and backward of the CUDA backend on small shapes that reach every padding and tail path
-(odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts), for
-compute-sanitizer (scripts/memcheck.sh). Exits non-zero if an output is not finite."""
+(odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts), and
+the context-parallel summaries and fold on the same shapes, for compute-sanitizer
+(scripts/memcheck.sh). Exits non-zero if an output is not finite."""
 
 import sys
 
 import torch
 
 import flash_kda_train as fkt
+from flash_kda_train import _core, cp
 
 CASES = [
     dict(B=2, T=100, H=2, HV=2, K=16, V=16),
@@ -38,6 +40,17 @@ def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None):
     torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
     torch.cuda.synchronize()
     tensors = [o, ht, q.grad, k.grad, v.grad, g.grad, beta.grad, h0.grad, A_log.grad, dt_bias.grad]
+    # The CP summaries of every sequence and their folds (widened V + K columns, tiles past V).
+    cfg = _core.Config(scale=K ** -0.5, chunk_size=chunk_size, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                       use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0)
+    inputs = _core.Inputs(q.detach(), k.detach(), v.detach(), g.detach(), beta.detach(), A_log.detach(),
+                          dt_bias.detach(), None, offsets, None if offsets is None else offsets.cpu())
+    for n in range(N):
+        d_o = torch.randn_like(o)
+        sums = torch.stack([cp.forward_summary(cfg, inputs, n), cp.backward_summary(cfg, inputs, d_o, n)])
+        for backward in (False, True):
+            tensors.append(cp.fold(sums, 0, 2, backward, state_v_first, torch.empty(shape[1:], device=dev)))
+    torch.cuda.synchronize()
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 

@@ -12,7 +12,8 @@ matters; each case also checks that it does (dropping the exchange would change 
 more than 1e-3).
 
 All cases of one world size run in one launch of `world` processes (spawned once, bounded by a
-timeout); the parametrized tests then check the recorded errors.
+timeout); the parametrized tests then check the recorded errors. test_cuda_cp.py runs the same
+cases on CUDA tensors over NCCL through `run_world`.
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ GRADS = ("q", "k", "v", "g", "beta")
 PARAMS = ("A_log", "dt_bias")
 
 
-def make_case(name):
+def make_case(name, cases=CASES):
     """The global inputs and keyword arguments of a case (the same on every rank: seeded by name)."""
     spec = dict(H=2, HV=2, K=16, V=8, dtype=torch.float64, gate=None, l2norm=False, beta_sigmoid=False,
                 neg_eigval=False, state_v_first=False, chunk_size=32)
-    spec.update(CASES[name])
+    spec.update(cases[name])
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
     H, HV, K, V, dtype = spec["H"], spec["HV"], spec["K"], spec["V"], spec["dtype"]
 
@@ -131,9 +132,10 @@ def per_rank_param_grads(x, kw, d_o, cu, world):
     return [{n: c[n].grad for n in c} for c in copies]
 
 
-def run_case(name, rank, world):
-    """Errors of one case on this rank (a dict of floats)."""
-    x, kw, d_o, cu, spec = make_case(name)
+def run_case(name, rank, world, cases, device):
+    """Errors of one case on this rank (a dict of floats), every tensor on `device`."""
+    x, kw, d_o, cu, spec = make_case(name, cases)
+    x, d_o, cu = {n: t.to(device) for n, t in x.items()}, d_o.to(device), cu.to(device)
     part = T // world
     lo, hi = rank * part, (rank + 1) * part
     errors = {}
@@ -171,11 +173,15 @@ def run_case(name, rank, world):
     return errors
 
 
-def _worker(rank, world, init_file, names, out_dir):
+def _worker(rank, world, init_file, cases, out_dir, backend):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    results = {name: run_case(name, rank, world) for name in names}
+    device = torch.device("cpu")
+    if backend == "nccl":  # one GPU per rank
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    results = {name: run_case(name, rank, world, cases, device) for name in cases}
     pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     # No rank may tear its Gloo transport down while a peer still uses it: a peer whose connection
     # drops mid-collective aborts ("terminate called without an active exception").
@@ -183,14 +189,13 @@ def _worker(rank, world, init_file, names, out_dir):
     dist.destroy_process_group()
 
 
-@functools.lru_cache(maxsize=None)
-def launch(world):
-    """Runs every case on `world` spawned processes; returns one dict of errors per rank."""
+def run_world(world, backend, cases, timeout_s=240):
+    """Runs `cases` on `world` spawned processes of a `backend` group; returns one dict of errors per rank."""
     out_dir = tempfile.mkdtemp(prefix=f"fkt_cp{world}_")
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the library's OpenMP threads in each process
     try:
-        context = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "init"), tuple(CASES), out_dir),
+        context = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "init"), cases, out_dir, backend),
                                      nprocs=world, join=False, start_method="spawn")
     finally:
         if saved is None:
@@ -198,7 +203,7 @@ def launch(world):
         else:
             os.environ["OMP_NUM_THREADS"] = saved
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + timeout_s
         while not context.join(timeout=2):
             if time.monotonic() > deadline:
                 for process in context.processes:
@@ -210,20 +215,29 @@ def launch(world):
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+@functools.lru_cache(maxsize=None)
+def launch(world):
+    return run_world(world, "gloo", CASES)
+
+
+def check_errors(rank, errors):
+    """Every output and gradient within the case's bound, and the exchange not vacuous."""
+    bound = errors["bound"]
+    for key, value in errors.items():
+        if key in ("o",) or key.startswith("d"):
+            assert value <= bound, f"rank {rank}: {key} rel RMS {value:.3e} > {bound:g}"
+    # Non-vacuous: the exchange changes the result wherever a sequence crosses into / out of the rank.
+    if errors["pre_num_ranks"] > 0:
+        assert errors["effect_forward"] > 1e-3, f"rank {rank}: the entering state barely matters"
+    if errors["post_num_ranks"] > 0:
+        assert errors["effect_backward"] > 1e-3, f"rank {rank}: the final-state gradient barely matters"
+
+
 @pytest.mark.parametrize("world", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_outputs_and_gradients_match_single_process(world, name):
     for rank, results in enumerate(launch(world)):
-        errors = results[name]
-        bound = errors["bound"]
-        for key, value in errors.items():
-            if key in ("o",) or key.startswith("d"):
-                assert value <= bound, f"rank {rank}: {key} rel RMS {value:.3e} > {bound:g}"
-        # Non-vacuous: the exchange changes the result wherever a sequence crosses into / out of the rank.
-        if errors["pre_num_ranks"] > 0:
-            assert errors["effect_forward"] > 1e-3, f"rank {rank}: the entering state barely matters"
-        if errors["post_num_ranks"] > 0:
-            assert errors["effect_backward"] > 1e-3, f"rank {rank}: the final-state gradient barely matters"
+        check_errors(rank, results[name])
 
 
 def test_context_layout():

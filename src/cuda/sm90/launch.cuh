@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/sm90/forward/params.hpp"
+#include "cuda/sm90/forward/state_config.hpp"
 
 namespace fkt::cuda {
 
@@ -47,8 +48,17 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
   return params;
 }
 
+// F1 to F3 (the chunk-local stages: chunk offsets, gamma, P, W, U, K_down, Q_up), on `stream`.
+void forward_local_stages(const Problem& p, const ForwardParams& params, void* stream);
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
 void forward_stages(const Problem& p, const ForwardParams& params, void* stream);
+
+// The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened
+// columns) of the one sequence.
+inline dim3 cp_summary_grid(const Problem& p) {
+  const int64_t tiles = (p.V + p.K + StateConfig::kTileV - 1) / StateConfig::kTileV;
+  return dim3(1, static_cast<unsigned>(p.HV), static_cast<unsigned>(tiles));
+}
 
 inline void* data_or_null(const fkt_tensor* t, const char* name) { return t ? TensorRef(t, name).bytes() : nullptr; }
 

@@ -10,18 +10,26 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
 
 namespace fkt::cuda {
 
-__global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const __grid_constant__ BackwardParams p) {
+// kSummary runs the context-parallel backward summary of sequence n instead (kda-math.md section 9):
+// the same pass on the widened gradient [dS | dM] of V + K columns from [0 | I] with upstream
+// [dO | 0] and intra d_delta [P^T dO | 0] (B1 run on zero new values), writing only the widened
+// gradient entering the sequence, to summary [HV, K, V + K]. Columns evolve independently: column
+// V + d starts at the unit vector e_d and reads no dO and no intra d_delta.
+template <bool kSummary>
+__device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   constexpr int kPrefetch = 64 * kTile / StateConfig::kThreads;  // dO elements a thread carries (C <= 64)
   const ForwardParams& f = p.fwd;
-  const int64_t n = blockIdx.x;
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
-  const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K), width = min(kTile, V - e0);
+  const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K);
+  const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
+  const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns with dO, d_delta
   const int ldr = StateConfig::ld_rows(K), ldt = StateConfig::ld_transposed(K);
   const SequenceSpan seq = sequence_span(f, n);
   const BwdStateLayout L(C, K);
@@ -44,7 +52,7 @@ __global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const 
   // end and padding are zero.
   auto issue_delta = [&](int64_t j) {
     copy_rows_async(kd, ldr, f.ws.k_down + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
-    copy_rows_async(dd_intra, kLd, p.ws.d_delta + row_of(j) * V + e0, stride_v, C, kTile, rows_of(j), width);
+    copy_rows_async(dd_intra, kLd, p.ws.d_delta + row_of(j) * V + e0, stride_v, C, kTile, rows_of(j), values);
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
@@ -58,9 +66,10 @@ __global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const 
   float ds[kTile / 8][4];
   transform_acc(ds, [&](int r, int e, float) {
     const int d = row0 + r;
-    return p.d_final_state != nullptr && owner && d < K && e < width
-               ? p.d_final_state[state_index(f, n, head, d, e0 + e)]
-               : 0.f;
+    if constexpr (kSummary) return owner && d < K && e < width && e0 + e == V + d ? 1.f : 0.f;
+    else return p.d_final_state != nullptr && owner && d < K && e < width
+                    ? p.d_final_state[state_index(f, n, head, d, e0 + e)]
+                    : 0.f;
   });
   if (chunks > 0) {
     issue_delta(chunks - 1);
@@ -73,15 +82,15 @@ __global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const 
       for_each_acc(ds, [&](int r, int e, float x) {
         const int d = row0 + r;
         dS[d * kLd + e] = x;  // every reader of dS waited at the later chunk's barriers
-        if (d < K && e < width) p.ws.d_states[((chunk_row * f.HV + head) * K + d) * V + e0 + e] = x;
+        if (!kSummary && d < K && e < width) p.ws.d_states[((chunk_row * f.HV + head) * K + d) * V + e0 + e] = x;
       });
     }
     float pre[kPrefetch];  // s * dO of this chunk, loaded while d_delta is computed
 #pragma unroll
     for (int i = 0; i < kPrefetch; ++i) {
       const int x = tid + i * StateConfig::kThreads, r = x / kTile, e = x % kTile;
-      pre[i] = r < l && e < width ? f.scale * load_float(p.d_o, p.d_o_dtype, (row_of(j) + static_cast<int64_t>(r) * f.HV) * V + e0 + e)
-                                  : 0.f;
+      const int64_t at = (row_of(j) + static_cast<int64_t>(r) * f.HV) * V + e0 + e;
+      pre[i] = r < l && e < values ? f.scale * load_float(p.d_o, p.d_o_dtype, at) : 0.f;
     }
     cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
     __syncthreads();
@@ -95,7 +104,9 @@ __global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const 
         const int row = R0 + r, col = c0 + e;
         const float value = row < l ? dd_intra[row * kLd + col] + x : 0.f;
         dd[row * kLd + col] = value;
-        if (row < l && col < width) p.ws.d_delta[(row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + col] = value;
+        if (!kSummary && row < l && col < width) {
+          p.ws.d_delta[(row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + col] = value;
+        }
       });
     }
 #pragma unroll
@@ -127,11 +138,26 @@ __global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const 
     __syncthreads();  // Q_up, W and gamma_L are consumed
     if (j > 0) issue_update(j - 1);
   }
-  if (p.dh0 != nullptr && owner) {
+  if constexpr (kSummary) {
+    if (!owner) return;
+    for_each_acc(ds, [&](int r, int e, float x) {
+      if (row0 + r < K && e < width) summary[(static_cast<int64_t>(head) * K + row0 + r) * columns + e0 + e] = x;
+    });
+  } else if (p.dh0 != nullptr && owner) {
     for_each_acc(ds, [&](int r, int e, float x) {
       if (row0 + r < K && e < width) p.dh0[state_index(f, n, head, row0 + r, e0 + e)] = x;
     });
   }
+}
+
+__global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const __grid_constant__ BackwardParams p) {
+  bwd_state_pass<false>(p, blockIdx.x, nullptr);
+}
+
+// One block per (value head, 32-column tile of V + K) of the one sequence.
+__global__ void __launch_bounds__(StateConfig::kThreads)
+    cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
+  bwd_state_pass<true>(p.bwd, p.sequence, p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -51,6 +51,13 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
 
 unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>((extent + tile - 1) / tile); }
 
+// The backward summary's workspace: F1 to F3 write into the forward's part (without what only B3
+// to B8 read), B1 into the backward's. One layout for sizing and for the run.
+void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
+  params.fwd = forward_params(p, ForwardWorkspace::carve(m, p, false));
+  params.ws = BackwardWorkspace::carve(m, p);
+}
+
 }  // namespace
 
 uint64_t backward_workspace_bytes(const Problem& p) {
@@ -89,6 +96,36 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
     launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
            BwdParamsConfig::smem_bytes(C, K, V), s, params);
   }
+}
+
+uint64_t cp_backward_summary_workspace_bytes(const Problem& p) {
+  Carver measure;
+  BackwardParams unused{};
+  carve_summary(measure, p, unused);
+  return measure.bytes();
+}
+
+void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequence, float* summary, char* workspace,
+                         void* stream) {
+  const TensorRef grad(d_o, "d_o");
+  FKT_CHECK(grad.contiguous()) << "d_o: the CUDA backend reads a contiguous gradient";
+  Carver carver(workspace);
+  CpBackwardSummaryParams params{};
+  carve_summary(carver, p, params.bwd);
+  params.bwd.d_o = grad.bytes();
+  params.bwd.d_o_dtype = grad.dtype;
+  params.sequence = sequence;
+  params.summary = summary;
+  forward_local_stages(p, params.bwd.fwd, stream);
+  const DeviceGuard device(p.device.device_id);
+  const auto s = static_cast<cudaStream_t>(stream);
+  // B1 on zero new values, as the CPU summary runs it: the summary must not depend on the forward
+  // from the true entering state, and B1's d_delta (P^T dO) does not; its dP comes out zero, unused.
+  FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
+  launch(bwd_dp_kernel, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
+         DpConfig::kThreads, DpConfig::smem_bytes(p.chunk, p.K, p.V), s, params.bwd);
+  launch(cp_backward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, BwdStateLayout::bytes(p.chunk, p.K), s,
+         params);
 }
 
 }  // namespace fkt::cuda

@@ -8,17 +8,23 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/tile_copy.cuh"
+#include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
 
 namespace fkt::cuda {
 
-// Two blocks per SM (110 KB of shared memory each for C = 64, K = 128; at most 128 registers).
-__global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
+// kSummary runs the context-parallel forward summary of sequence n instead (kda-math.md section 9):
+// the same pass on the widened state [S | M] of V + K columns from [0 | I] with new values [U | 0],
+// writing only the final widened state, to summary [HV, K, V + K]. Columns evolve independently,
+// so the tile math is unchanged: column V + d starts at the unit vector e_d and reads no new values.
+template <bool kSummary>
+__device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
-  const int64_t n = blockIdx.x;
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
-  const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K), width = min(kTile, V - e0);
+  const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K);
+  const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
+  const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns that have new values
   const int ldw = StateConfig::ld_rows(K), ldk = StateConfig::ld_transposed(K);
   const SequenceSpan seq = sequence_span(p, n);
   const FwdStateLayout L(C, K);
@@ -37,7 +43,8 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(con
   // Group A: W and U of chunk j; group B: K_down and gamma_L. Rows past the end and padding are zero.
   auto issue_values = [&](int64_t j) {
     copy_rows_async(W, ldw, p.ws.W + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
-    copy_rows_async(U, kLd, p.ws.U + row_of(j) * V + e0, static_cast<int64_t>(p.HV) * V, C, kTile, rows_of(j), width);
+    copy_rows_async(U, kLd, p.ws.U + row_of(j) * V + e0, static_cast<int64_t>(p.HV) * V, C, kTile, rows_of(j),
+                    values);
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
@@ -50,8 +57,10 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(con
   float s[kTile / 8][4];
   transform_acc(s, [&](int r, int e, float) {
     const int d = row0 + r;
-    return p.initial_state != nullptr && owner && d < K && e < width ? p.initial_state[state_index(p, n, head, d, e0 + e)]
-                                                                      : 0.f;
+    if constexpr (kSummary) return owner && d < K && e < width && e0 + e == V + d ? 1.f : 0.f;
+    else return p.initial_state != nullptr && owner && d < K && e < width
+                    ? p.initial_state[state_index(p, n, head, d, e0 + e)]
+                    : 0.f;
   });
   if (chunks > 0) {
     issue_values(0);
@@ -64,7 +73,7 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(con
       for_each_acc(s, [&](int r, int e, float x) {
         const int d = row0 + r;
         S[d * kLd + e] = x;  // every reader of S waited at the previous chunk's barriers
-        if (d >= K || e >= width) return;
+        if (kSummary || d >= K || e >= width) return;
         const int64_t base = (chunk_row * p.HV + head) * static_cast<int64_t>(K) * V;
         p.ws.states[base + static_cast<int64_t>(d) * V + e0 + e] = x;
         if (p.intermediate_states != nullptr) {  // [B, NT, HV, ...]: (b, j) flattens to chunk_row
@@ -85,7 +94,9 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(con
         const int row = R0 + r, col = c0 + e;
         const float value = row < l ? U[row * kLd + col] - x : 0.f;
         delta[row * kLd + col] = value;
-        if (row < l && col < width) p.ws.delta[(row_of(j) + static_cast<int64_t>(row) * p.HV) * V + e0 + col] = value;
+        if (!kSummary && row < l && col < width) {
+          p.ws.delta[(row_of(j) + static_cast<int64_t>(row) * p.HV) * V + e0 + col] = value;
+        }
       });
     }
     __syncthreads();  // W and U are consumed, delta is complete
@@ -104,11 +115,28 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(con
     __syncthreads();  // K_down and gamma_L are consumed
     if (j + 1 < chunks) issue_update(j + 1);
   }
-  if (p.final_state != nullptr && owner) {
+  if constexpr (kSummary) {
+    if (!owner) return;
+    for_each_acc(s, [&](int r, int e, float x) {
+      if (row0 + r < K && e < width) summary[(static_cast<int64_t>(head) * K + row0 + r) * columns + e0 + e] = x;
+    });
+  } else if (p.final_state != nullptr && owner) {
     for_each_acc(s, [&](int r, int e, float x) {
       if (row0 + r < K && e < width) p.final_state[state_index(p, n, head, row0 + r, e0 + e)] = x;
     });
   }
+}
+
+// Two blocks per SM (110 KB of shared memory each for C = 64, K = 128; at most 128 registers).
+__global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
+  fwd_state_pass<false>(p, blockIdx.x, nullptr);
+}
+
+// One block per (value head, 32-column tile of V + K) of the one sequence: few blocks, so no
+// register cap for two blocks per SM.
+__global__ void __launch_bounds__(StateConfig::kThreads)
+    cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
+  fwd_state_pass<true>(p.fwd, p.sequence, p.summary);
 }
 
 }  // namespace fkt::cuda

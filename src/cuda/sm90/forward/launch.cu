@@ -50,7 +50,7 @@ uint64_t forward_workspace_bytes(const Problem& p) {
   return measure.bytes();
 }
 
-void forward_stages(const Problem& p, const ForwardParams& params, void* stream) {
+void forward_local_stages(const Problem& p, const ForwardParams& params, void* stream) {
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
@@ -59,6 +59,14 @@ void forward_stages(const Problem& p, const ForwardParams& params, void* stream)
   fwd_gate_cumsum(p, params.ws.gamma, stream);
   launch(fwd_intra_kernel, dim3(chunks, heads), IntraConfig::kThreads, IntraLayout::bytes(p.chunk, p.K, p.V), s,
          params);
+}
+
+void forward_stages(const Problem& p, const ForwardParams& params, void* stream) {
+  forward_local_stages(p, params, stream);
+  const DeviceGuard device(p.device.device_id);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
+  const unsigned heads = static_cast<unsigned>(p.HV);
   launch(fwd_state_kernel, dim3(static_cast<unsigned>(p.N), heads, (p.V + StateConfig::kTileV - 1) / StateConfig::kTileV),
          StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s, params);
   if (params.o == nullptr) return;
@@ -68,6 +76,21 @@ void forward_stages(const Problem& p, const ForwardParams& params, void* stream)
 
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
   forward_stages(p, make_params(p, out), stream);
+}
+
+// F1 to F3 write into the forward's workspace; the widened F4 keeps its state in shared memory.
+uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return forward_workspace_bytes(p); }
+
+void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
+  Carver carver(workspace);
+  CpForwardSummaryParams params{};
+  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false));
+  params.sequence = sequence;
+  params.summary = summary;
+  forward_local_stages(p, params.fwd, stream);
+  const DeviceGuard device(p.device.device_id);
+  launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
+         static_cast<cudaStream_t>(stream), params);
 }
 
 }  // namespace fkt::cuda
