@@ -119,6 +119,8 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
       for (int j = 0; j < 4; ++j) {
         const int r = R0 + acc_row(j), d = c0 + acc_col(n, j), rr = r - R0;
         if (r >= l || d >= K) continue;
+        const int64_t at = row_at(r) * K + d;
+        const float old_dq = p.ws.dq[at], old_dk = p.ws.dk[at], old_dgamma = p.ws.dgamma[at];  // in flight meanwhile
         const float g_r = g[r * ldk + d];
         float dq = dq_rows[n][j] * exp2_fast(g_r - g[R0 * ldk + d]);
         float dkr = dk_rows[n][j] * exp2_fast(g_r - g[R0 * ldk + d]);
@@ -134,10 +136,9 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
         }
         kdk[j >= 2] += k[r * ldk + d] * dkr;
         dkr *= beta[r];
-        const int64_t at = row_at(r) * K + d;
-        p.ws.dq[at] += dq;
-        p.ws.dk[at] += dkr + dkc;
-        p.ws.dgamma[at] += q[r * ldk + d] * dq + k[r * ldk + d] * (dkr - dkc);
+        p.ws.dq[at] = old_dq + dq;
+        p.ws.dk[at] = old_dk + (dkr + dkc);
+        p.ws.dgamma[at] = old_dgamma + (q[r * ldk + d] * dq + k[r * ldk + d] * (dkr - dkc));
       }
     }
     for (int offset = 1; offset < 4; offset *= 2) {  // the four lanes of a row, in a fixed order

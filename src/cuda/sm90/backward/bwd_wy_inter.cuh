@@ -15,7 +15,8 @@
 namespace fkt::cuda {
 
 struct WyInterConfig {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 512;
+  static constexpr int kCols = 32;   // columns of a warp tile
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
   __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
@@ -51,8 +52,8 @@ struct WyInterLayout {
     v = dd + C * ldv;
     const int phase1_end = tile_dd + C * lds, later_end = v + C * ldv;
     carry = phase1_end > later_end ? phase1_end : later_end;  // [K]
-    part = carry + K;                                          // [2, C] dbeta parts of Y_u . v
-    floats = part + 2 * C;
+    part = carry + K;                                          // [Vp / 32, C] dbeta parts of Y_u . v
+    floats = part + (Vp + WyInterConfig::kCols - 1) / WyInterConfig::kCols * C;
   }
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
@@ -75,10 +76,11 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
-  // Warp tiles of a [C, width] output: 16 rows x 64 columns, at most 8 of them (C, width <= 128).
+  // Warp tiles of a [C, width] output: 16 rows x 32 columns, at most 16 of them (C, width <= 128).
+  constexpr int kCols = WyInterConfig::kCols, kN = kCols / 8;
   auto tile_of = [&](int width) {
-    const int halves = (width + 63) / 64;
-    return int3{warp < C / 16 * halves, warp / halves * 16, warp % halves * 64};
+    const int groups = (width + kCols - 1) / kCols;
+    return int3{warp < C / 16 * groups, warp / groups * 16, warp % groups * kCols};
   };
 
   // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T (accumulated over V-tiles in
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     float* tile_dd = smem + L.tile_dd;
     const int3 w = tile_of(Kp);
     const int R0 = w.y, c0 = w.z;
-    float acc0[8][4] = {}, acc1[8][4] = {}, acc2[8][4] = {};
+    float acc0[kN][4] = {}, acc1[kN][4] = {}, acc2[kN][4] = {};
     for (int d = tid; d < K; d += nthreads) carry[d] = 0.f;
     for (int e0 = 0; e0 < V; e0 += kTile) {
       const int width = min(kTile, V - e0);
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
           const FragA fl = load_frag_a([&](int r, int e) { return tile_delta[(R0 + r) * lds + e]; }, k);
           const FragA fd = load_frag_a([&](int r, int e) { return tile_dd[(R0 + r) * lds + e]; }, k);
 #pragma unroll
-          for (int n = 0; n < 8; ++n) {
+          for (int n = 0; n < kN; ++n) {
             const int d = c0 + 8 * n + g;
             if (c0 + 8 * n >= Kp) break;
             const SplitTf32 s0 = split_tf32(S[d * lds + k + t]), s1 = split_tf32(S[d * lds + k + t + 4]);
@@ -173,14 +175,14 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 3: B0 = Y_w = T^T dW; Y_u = T^T d_delta, dv = beta Y_u and the Y_u . v part of dbeta.
   // Row tile I of T^T reads rows r >= I of T (lower triangular).
   if (const int3 w = tile_of(Kp); w.x) {
-    float acc[8][4] = {};
-    warp_mma<8>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
+    float acc[kN][4] = {};
+    warp_mma<kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
                 [&](int r, int d) { return w.z + d < Kp ? B2[r * ldb + w.z + d] : 0.f; });
     for_each_acc(acc, [&](int i, int d, float x) { if (w.z + d < Kp) B0[(w.y + i) * ldb + w.z + d] = x; });
   }
   if (const int3 w = tile_of(Vp); w.x) {
-    float acc[8][4] = {};
-    warp_mma<8>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
+    float acc[kN][4] = {};
+    warp_mma<kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
                 [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
     float row_sum[2] = {0.f, 0.f};  // rows g and g + 8 of the tile, this lane's columns
     for_each_acc(acc, [&](int i, int e, float yu) {
@@ -194,8 +196,8 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       row_sum[1] += __shfl_xor_sync(0xffffffffu, row_sum[1], offset);
     }
     if (lane % 4 == 0) {
-      part[w.z / 64 * C + w.y + lane / 4] = row_sum[0];
-      part[w.z / 64 * C + w.y + lane / 4 + 8] = row_sum[1];
+      part[w.z / kCols * C + w.y + lane / 4] = row_sum[0];
+      part[w.z / kCols * C + w.y + lane / 4 + 8] = row_sum[1];
     }
   }
   __syncthreads();
@@ -207,7 +209,11 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     float db = 0.f;
     for (int d = lane; d < K; d += 32) db += B0[i * ldb + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
     for (int offset = 16; offset > 0; offset /= 2) db += __shfl_xor_sync(0xffffffffu, db, offset);
-    if (lane == 0) p.ws.dbeta[row] = part[i] + (Vp > 64 ? part[C + i] : 0.f) + db;
+    if (lane == 0) {
+      float yu_v = 0.f;
+      for (int group = 0; group < (Vp + kCols - 1) / kCols; ++group) yu_v += part[group * C + i];
+      p.ws.dbeta[row] = yu_v + db;
+    }
   }
   for (int d = tid; d < K; d += nthreads) {
     float acc = expf(gamma[last + d]) * carry[d];
@@ -240,15 +246,15 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       [&](int x, float2 v) { B1[x / Kp * ldb + x % Kp] = v.x * expf(v.y); });
   __syncthreads();
 
-  // The [C, C] products: warp tiles of 16 rows x 32 columns.
-  const bool square = warp < C / 16 * (C / 32);
-  const int R0 = warp / (C / 32) * 16, c0 = warp % (C / 32) * 32;
+  // The [C, C] products: warp tiles of 16 rows x 16 columns.
+  const bool square = warp < C / 16 * (C / 16);
+  const int R0 = warp / (C / 16) * 16, c0 = warp % (C / 16) * 16;
   // Phase 4: B0 = dT[r, i] = beta_i (d_delta_r . v_i + dW_r . K_up_i) for i < r.
   if (square) {
-    float acc[4][4] = {};
-    warp_mma<4>(acc, 0, Vp, [&](int r, int e) { return dd[(R0 + r) * ldv + e]; },
+    float acc[2][4] = {};
+    warp_mma<2>(acc, 0, Vp, [&](int r, int e) { return dd[(R0 + r) * ldv + e]; },
                 [&](int e, int i) { return vs[(c0 + i) * ldv + e]; });
-    warp_mma<4>(acc, 0, Kp, [&](int r, int d) { return B2[(R0 + r) * ldb + d]; },
+    warp_mma<2>(acc, 0, Kp, [&](int r, int d) { return B2[(R0 + r) * ldb + d]; },
                 [&](int d, int i) { return B1[(c0 + i) * ldb + d]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
@@ -258,16 +264,16 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   __syncthreads();
   // Phase 5: B1 = Z = tril(dT) T^T, Z[m, i] = sum_{n < m, n <= i} dT[m, n] T[i, n].
   if (square) {
-    float acc[4][4] = {};
-    warp_mma<4>(acc, 0, R0 + 16, [&](int m, int n) { return B0[(R0 + m) * ldb + n]; },
+    float acc[2][4] = {};
+    warp_mma<2>(acc, 0, R0 + 16, [&](int m, int n) { return B0[(R0 + m) * ldb + n]; },
                 [&](int n, int i) { return T[(c0 + i) * ldt + n]; });
     for_each_acc(acc, [&](int m, int i, float x) { B1[(R0 + m) * ldb + c0 + i] = x; });
   }
   __syncthreads();
   // Phase 6: dA[r, i] = -sum_{m >= r} T[m, r] Z[m, i] for i < r (every column written).
   if (square) {
-    float acc[4][4] = {};
-    warp_mma<4>(acc, R0, C, [&](int r, int m) { return T[m * ldt + R0 + r]; },
+    float acc[2][4] = {};
+    warp_mma<2>(acc, R0, C, [&](int r, int m) { return T[m * ldt + R0 + r]; },
                 [&](int m, int i) { return B1[m * ldb + c0 + i]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;

@@ -35,7 +35,7 @@ struct IntraLayout {
     q = 0;                                          // [C, ldk] q, l2-normalised when asked
     k = q + C * ldk;                                // [C, ldk]
     g = k + C * ldk;                                // [C, ldk] gamma * log2(e)
-    x = g + C * ldk;                                // [C, ldx] beta * v, then beta * k * exp(gamma)
+    x = g + C * ldk;                                // [C, ldx] v, then beta * k * exp(gamma)
     A = x + C * ldx;                                // [C, ldc] strictly lower
     T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1
     Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
@@ -108,7 +108,6 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
   cp_async_wait<0>();
   __syncthreads();
   for (int x = tid; x < C * Kp; x += nthreads) g[x / Kp * ldk + x % Kp] *= kLog2e;
-  for (int x = tid; x < C * Vp; x += nthreads) X[x / Vp * ldx + x % Vp] *= beta[x / Vp];
   if (p.l2norm) {
     l2norm_rows(q, l, K, ldk);
     l2norm_rows(k, l, K, ldk);
@@ -220,21 +219,22 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
   if (p.ws.T != nullptr) {
     store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   }
-  // U = T (beta V), then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
-  // reads T's columns below 16 (R + 1) only (T is lower triangular).
-  auto product = [&](int width, float* out) {
+  // U = T diag(beta) V, then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
+  // reads T's columns below 16 (R + 1) only (T is lower triangular). beta scales T's columns for U.
+  auto product = [&](int width, float* out, bool beta_columns) {
     const int groups = (width + 31) / 32;
     for (int task = warp; task < live * groups; task += kWarps) {
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
-      warp_mma<4>(acc, 0, R0 + kSub, [&](int r, int i) { return T[(R0 + r) * ldc + i]; },
+      warp_mma<4>(acc, 0, R0 + kSub,
+                  [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
                   [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
       for_each_acc(acc, [&](int r, int e, float value) {
         if (R0 + r < l && c0 + e < width) out[row_at(R0 + r) * width + c0 + e] = value;
       });
     }
   };
-  product(V, p.ws.U);
+  product(V, p.ws.U, true);
   __syncthreads();
   const float* g_last = g + (l - 1) * ldk;
   for (int x = tid; x < C * Kp; x += nthreads) {
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads) fwd_intra_kernel(const 
     }
   }
   __syncthreads();
-  product(K, p.ws.W);
+  product(K, p.ws.W, false);
 }
 
 }  // namespace fkt::cuda
