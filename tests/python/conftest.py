@@ -15,3 +15,22 @@ except ImportError:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every buffer the torch adapter allocates with torch.empty starts as NaN (floats) or 0xFF bytes
+    (workspace), so an element a kernel never writes shows up as NaN."""
+    from flash_kda_train import _core
+
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.dtype == torch.uint8:
+            t.fill_(255)  # as fp32 words: NaN
+        elif t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(_core.torch, "empty", empty)
