@@ -129,8 +129,9 @@ class Call:
         return self.fw.stream(self.inputs.q)
 
 
-def state_dtype(fw: Framework, inputs: Inputs) -> str:
-    return "float64" if fw.dtype(inputs.q) == "float64" else "float32"
+def state_dtype(fw: Framework, q) -> str:
+    """The recurrent state's dtype for inputs like q: float64 for float64 inputs, else float32."""
+    return "float64" if fw.dtype(q) == "float64" else "float32"
 
 
 def state_shape(fw: Framework, cfg: Config, inputs: Inputs, num_sequences: int):
@@ -147,7 +148,7 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
     q_dtype = fw.dtype(q)
     o = fw.empty(tuple(fw.shape(v)), q_dtype, q)
     final_state = (
-        fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), state_dtype(fw, inputs), q)
+        fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), state_dtype(fw, q), q)
         if output_final_state
         else None
     )

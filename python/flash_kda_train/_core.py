@@ -39,6 +39,10 @@ class _Torch(_abi.Framework):
 TORCH = _Torch()
 
 
+def state_dtype(q: torch.Tensor) -> torch.dtype:
+    return getattr(torch, _abi.state_dtype(TORCH, q))
+
+
 def state_shape(cfg: Config, inputs: Inputs, num_sequences: int):
     return _abi.state_shape(TORCH, cfg, inputs, num_sequences)
 

@@ -141,13 +141,9 @@ def _cp_sizes(call: _abi.Call) -> _lib.CpSizes:
     return sizes
 
 
-def _state_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def _empty_summary(inputs: _core.Inputs) -> torch.Tensor:
     K, HV, V = inputs.q.shape[-1], inputs.v.shape[2], inputs.v.shape[-1]
-    return torch.zeros((HV, K, V + K), dtype=_state_dtype(inputs.q), device=inputs.q.device)
+    return torch.zeros((HV, K, V + K), dtype=_core.state_dtype(inputs.q), device=inputs.q.device)
 
 
 def forward_summary(cfg: _core.Config, inputs: _core.Inputs, sequence: int) -> torch.Tensor:
@@ -222,7 +218,8 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         gathered = layout.all_gather(summary)
         h0 = None
         if layout.pre > 0:
-            h0 = torch.zeros(_core.state_shape(cfg, inputs, layout.num_seqs), dtype=_state_dtype(q), device=q.device)
+            shape = _core.state_shape(cfg, inputs, layout.num_seqs)
+            h0 = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
             fold(gathered, layout.rank - layout.pre, layout.pre, False, cfg.state_v_first, h0[0])
         o, _, _ = _core.forward(cfg, inputs._replace(initial_state=h0), False)
         # Only the first sequence's entering state is kept; backward expands it again.
@@ -243,7 +240,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         shape = _core.state_shape(cfg, inputs, layout.num_seqs)
         d_final_state = None
         if layout.post > 0:
-            d_final_state = torch.zeros(shape, dtype=_state_dtype(q), device=q.device)
+            d_final_state = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
             fold(gathered, layout.rank + 1, layout.post, True, cfg.state_v_first, d_final_state[-1])
         h0 = None
         if first_state is not None:

@@ -147,8 +147,9 @@ class KimiDeltaAttention(nn.Module):
 
     ``forward(hidden_states, attention_mask=None, cu_seqlens=None)`` returns
     ``(output, None, past_key_values)`` like FLA's layer. ``attention_mask`` ``[B, T]`` (1 = token,
-    0 = padding) packs the valid tokens into sequences; ``cu_seqlens`` takes packed input
-    (``B == 1``) directly. Extra constructor argument: ``backend`` ("auto", "cpu", "cuda"), passed
+    0 = padding) packs the valid tokens into sequences (one host copy of the offsets per call);
+    ``cu_seqlens`` takes packed input (``B == 1``) directly, with its host copy ``cu_seqlens_cpu``
+    when the caller has one (then nothing is copied). Extra constructor argument: ``backend`` ("auto", "cpu", "cuda"), passed
     to ``chunk_kda``.
     """
 
@@ -228,10 +229,11 @@ class KimiDeltaAttention(nn.Module):
             raise ValueError(f"attention_mask: expected a [batch, seq_len] 0/1 padding mask, got shape "
                              f"{tuple(attention_mask.shape)}")
         batch, length, _ = hidden_states.shape
-        cu_seqlens = kwargs.get("cu_seqlens")
+        cu_seqlens, cu_seqlens_cpu = kwargs.get("cu_seqlens"), kwargs.get("cu_seqlens_cpu")
         indices = None
         if cu_seqlens is None and attention_mask is not None:
             hidden_states, indices, cu_seqlens = _unpad(hidden_states, attention_mask[:, -length:])
+            cu_seqlens_cpu = None
 
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         if self.use_short_conv:
@@ -249,7 +251,7 @@ class KimiDeltaAttention(nn.Module):
                          use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
                          allow_neg_eigval=self.allow_neg_eigval, safe_gate=self.safe_gate,
                          lower_bound=self.lower_bound, state_v_first=True, cu_seqlens=cu_seqlens,
-                         backend=self.backend)
+                         cu_seqlens_cpu=cu_seqlens_cpu, backend=self.backend)
 
         o = self.o_norm(o, self._heads(self.g_proj(hidden_states), self.head_v_dim))
         o = self.o_proj(o.flatten(-2))

@@ -38,14 +38,13 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     o, final_state, _ = _core.forward(cfg, inputs, output_final_state)
-    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return o, final_state if final_state is not None else q.new_empty(0, dtype=state_dtype)
+    return o, final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q))
 
 
 @chunk_kda_fwd.register_fake
 def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound, chunk_size,
       flags, output_final_state, backend):
-    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    state_dtype = _core.state_dtype(q)
     if not output_final_state:
         return v.new_empty(v.shape, dtype=q.dtype), q.new_empty(0, dtype=state_dtype)
     num_sequences = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
