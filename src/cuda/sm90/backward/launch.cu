@@ -19,8 +19,9 @@ namespace {
 BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   Carver carver(TensorRef(io.workspace, "workspace").bytes());
   BackwardParams params{};
-  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, true));
-  params.ws = BackwardWorkspace::carve(carver, p);
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(carver, p, true);
+  params.fwd = forward_params(p, fwd);
+  params.ws = BackwardWorkspace::carve(carver, p, fwd);
   const TensorRef d_o(io.d_o, "d_o");
   params.d_o = d_o.bytes();
   params.d_o_dtype = d_o.dtype;
@@ -54,16 +55,16 @@ unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>((extent 
 // The backward summary's workspace: F1 to F3 write into the forward's part (without what only B3
 // to B8 read), B1 into the backward's. One layout for sizing and for the run.
 void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
-  params.fwd = forward_params(p, ForwardWorkspace::carve(m, p, false));
-  params.ws = BackwardWorkspace::carve(m, p);
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, false);
+  params.fwd = forward_params(p, fwd);
+  params.ws = BackwardWorkspace::carve(m, p, fwd);
 }
 
 }  // namespace
 
 uint64_t backward_workspace_bytes(const Problem& p) {
   Carver measure;
-  ForwardWorkspace::carve(measure, p, true);
-  BackwardWorkspace::carve(measure, p);
+  BackwardWorkspace::carve(measure, p, ForwardWorkspace::carve(measure, p, true));
   return measure.bytes();
 }
 
