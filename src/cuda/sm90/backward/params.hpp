@@ -10,14 +10,14 @@
 namespace fkt::cuda {
 
 // What the backward stages hand to each other; every row index is a (token, value head) row
-// (b * T + t) * HV + head unless said otherwise. fp32 throughout. Five arrays reuse forward
+// (b * T + t) * HV + head unless said otherwise. fp32 throughout. Four arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
-// d_delta takes U (last read by F4 in B0), dA takes P (last read by B1), dq, dk and dgamma take
-// Q_up, K_down and W (last read by B2). That saves 2304 bytes per row at K = V = 128, C = 64.
+// dA takes P (last read by B1), dq, dk and dgamma take Q_up, K_down and W (last read by B2).
+// That saves 1792 bytes per row at K = V = 128, C = 64.
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3); in P's place
-  float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2); in U's place
+  float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
   float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
   float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4); in Q_up's place
   float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4); in K_down's place
@@ -31,7 +31,7 @@ struct BackwardWorkspace {
     BackwardWorkspace w{};
     w.dP = m.take<float>(rows * p.chunk);
     w.dA = fwd.P;
-    w.d_delta = fwd.U;
+    w.d_delta = m.take<float>(rows * p.V);
     w.d_states = m.take<float>(chunks * p.HV * p.K * p.V);
     w.dq = fwd.q_up;
     w.dk = fwd.k_down;

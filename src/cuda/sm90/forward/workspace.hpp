@@ -16,7 +16,8 @@ struct ForwardWorkspace {
   float* k_down;           // [B*T, HV, K] (F3)
   float* q_up;             // [B*T, HV, K] (F3)
   float* U;                // [B*T, HV, V] (F3)
-  float* delta;            // [B*T, HV, V] new values (F4)
+  float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
+                           // of a chunk's rows and columns after reading the same rows and columns of U
   float* states;           // [chunks, HV, K, V] state entering each chunk (F4)
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
   // Kept by the backward's recompute only (nullptr in the forward):
@@ -36,7 +37,7 @@ struct ForwardWorkspace {
     w.k_down = m.take<float>(rows * p.K);
     w.q_up = m.take<float>(rows * p.K);
     w.U = m.take<float>(rows * p.V);
-    w.delta = m.take<float>(rows * p.V);
+    w.delta = w.U;
     w.states = m.take<float>(chunks(p) * p.HV * p.K * p.V);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
