@@ -1,0 +1,34 @@
+"""benchmarks/ncu_hotspots.py: stall samples of the SASS rows summed onto their CUDA source line."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ncu_hotspots.py"
+_SPEC = importlib.util.spec_from_file_location("ncu_hotspots", _PATH)
+ncu_hotspots = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(ncu_hotspots)
+
+LISTING = "\n".join([
+    '"Kernel Name","fkt::cuda::fwd_intra_kernel(fkt::cuda::ForwardParams)"',
+    '"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)","# Samples"',
+    '"10","  a = b;","","","",""',
+    '"","","0x10","LDS R1, [R2]","30","30"',
+    '"","","0x20","FFMA R3, R1, R1, R3","10","10"',
+    '"12","  c = expf(d);","","","",""',
+    '"","","0x30","MUFU.EX2 R4, R5","45","45"',
+    '"13","  e = f;","","","",""',
+    '"","","0x40","MOV R6, R7","15","15"',
+])
+
+
+def test_samples_are_summed_per_source_line_and_ranked():
+    rows = ncu_hotspots.hotspots(LISTING, top=2)
+    assert [(round(share, 1), line, text) for share, line, text in rows] == [
+        (45.0, 12, "c = expf(d);"), (40.0, 10, "a = b;")]
+
+
+def test_a_report_without_stall_samples_is_refused():
+    with pytest.raises(SystemExit, match="--set full"):
+        ncu_hotspots.hotspots('"Line No","Source"\n"1","x"', top=5)
