@@ -102,6 +102,22 @@ class Framework:
         """The stream to launch on for ``like``'s device (a ctypes.c_void_p), or None on the CPU."""
         raise NotImplementedError
 
+    def on_host(self, t) -> bool:
+        """Whether ``t`` lives in host memory."""
+        raise NotImplementedError
+
+    def to_host(self, t):
+        """A copy of ``t`` in host memory."""
+        raise NotImplementedError
+
+
+def host_offsets(fw: Framework, cu_seqlens, cu_seqlens_cpu):
+    """``cu_seqlens_cpu`` as the planner reads it: the one given, else a host copy of device offsets
+    (one device-to-host copy), else None (cu_seqlens itself lives on the host)."""
+    if cu_seqlens is None or cu_seqlens_cpu is not None or fw.on_host(cu_seqlens):
+        return cu_seqlens_cpu
+    return fw.to_host(cu_seqlens)
+
 
 def _describe(fw: Framework, t):
     return fw.describe(t) if t is not None else None

@@ -35,6 +35,12 @@ class _Torch(_abi.Framework):
             return ctypes.c_void_p(torch.cuda.current_stream(like.device).cuda_stream)
         return None
 
+    def on_host(self, t) -> bool:
+        return t.device.type == "cpu"
+
+    def to_host(self, t):
+        return t.cpu()
+
 
 TORCH = _Torch()
 

@@ -48,6 +48,12 @@ class _Paddle(_abi.Framework):
             return ctypes.c_void_p(int(getattr(stream, "stream_base", stream).cuda_stream))
         return None
 
+    def on_host(self, t) -> bool:
+        return t.place.is_cpu_place()
+
+    def to_host(self, t):
+        return t.cpu()
+
 
 PADDLE = _Paddle()
 
@@ -96,9 +102,7 @@ def _prepare(q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm
     cfg, A_log, dt_bias = _abi.resolve(
         int(q.shape[-1]), scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, kwargs)
-    if cu_seqlens is not None and cu_seqlens_cpu is None and not cu_seqlens.place.is_cpu_place():
-        cu_seqlens_cpu = cu_seqlens.cpu()  # planning reads offsets on the host
-    return cfg, A_log, dt_bias, cu_seqlens_cpu
+    return cfg, A_log, dt_bias, _abi.host_offsets(PADDLE, cu_seqlens, cu_seqlens_cpu)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
