@@ -149,8 +149,8 @@ class KimiDeltaAttention(nn.Module):
     ``(output, None, past_key_values)`` like FLA's layer. ``attention_mask`` ``[B, T]`` (1 = token,
     0 = padding) packs the valid tokens into sequences (one host copy of the offsets per call);
     ``cu_seqlens`` takes packed input (``B == 1``) directly, with its host copy ``cu_seqlens_cpu``
-    when the caller has one (then nothing is copied). Extra constructor argument: ``backend`` ("auto", "cpu", "cuda"), passed
-    to ``chunk_kda``.
+    when the caller has one (then nothing is copied). Extra constructor argument: ``backend``
+    ("auto", "cpu", "cuda"), passed to ``chunk_kda``.
     """
 
     def __init__(self, hidden_size: int = 2048, expand_v: float = 1, head_dim: int = 128, num_heads: int = 16,
