@@ -163,43 +163,33 @@ std::vector<Case> cases() {
 
 class CpSummaryTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(CpSummaryTest, ForwardSummaryMapsAnyEnteringStateToTheFinalState) {
-  Config c = GetParam().cfg;
-  c.h0 = true, c.final_state = true;
+// Forward: the summary applied to the entering state gives the final state. Backward: applied to the
+// final-state gradient it gives dh0. With weak gates the transition part must matter too.
+void check_summaries(const Case& param, bool backward) {
+  Config c = param.cfg;
+  c.h0 = true;
+  (backward ? c.d_final_state : c.final_state) = true;
   Instance in = make_instance(c);
-  if (GetParam().weak_gates) weaken_gates(in);
-  const Result run = run_backend(in, flags(false));
+  if (param.weak_gates) weaken_gates(in);
+  const Result run = run_backend(in, flags(backward));
+  const std::string what = backward ? "backward" : "forward";
   for (int64_t n = 0; n < in.N; ++n) {
-    const Tensor X = summary(in, n, false);
-    const double err = state_error(c, apply(c, X, in.h0, n), run.final_state, n);
-    record_error(std::string("cp forward summary ") + dt_name(in.state_dtype()), "final_state", err);
-    EXPECT_LE(err, bound_for(in.state_dtype())) << describe(c) << ", sequence " << n;
+    const Tensor X = summary(in, n, backward);
+    const Tensor& start = backward ? in.dht : in.h0;
+    const double err = state_error(c, apply(c, X, start, n), backward ? run.dh0 : run.final_state, n);
+    record_error("cp " + what + " summary " + dt_name(in.state_dtype()), backward ? "dh0" : "final_state", err);
+    EXPECT_LE(err, bound_for(in.state_dtype())) << describe(c) << ", " << what << ", sequence " << n;
     const int64_t length = in.cu.empty() ? c.T : c.cu_seqlens[n + 1] - c.cu_seqlens[n];
-    if (GetParam().weak_gates && length > 0) {
-      EXPECT_GT(entering_share(c, X, in.h0, n), 1e3 * bound_for(in.state_dtype()))
-          << "sequence " << n << ": M is negligible, untested";
+    if (param.weak_gates && length > 0) {
+      EXPECT_GT(entering_share(c, X, start, n), 1e3 * bound_for(in.state_dtype()))
+          << what << ", sequence " << n << ": the transition part is negligible, untested";
     }
   }
 }
 
-TEST_P(CpSummaryTest, BackwardSummaryMapsTheFinalStateGradientToDh0) {
-  Config c = GetParam().cfg;
-  c.h0 = true, c.d_final_state = true;
-  Instance in = make_instance(c);
-  if (GetParam().weak_gates) weaken_gates(in);
-  const Result run = run_backend(in, flags(true));
-  for (int64_t n = 0; n < in.N; ++n) {
-    const Tensor X = summary(in, n, true);
-    const double err = state_error(c, apply(c, X, in.dht, n), run.dh0, n);
-    record_error(std::string("cp backward summary ") + dt_name(in.state_dtype()), "dh0", err);
-    EXPECT_LE(err, bound_for(in.state_dtype())) << describe(c) << ", sequence " << n;
-    const int64_t length = in.cu.empty() ? c.T : c.cu_seqlens[n + 1] - c.cu_seqlens[n];
-    if (GetParam().weak_gates && length > 0) {
-      EXPECT_GT(entering_share(c, X, in.dht, n), 1e3 * bound_for(in.state_dtype()))
-          << "sequence " << n << ": dM is negligible, untested";
-    }
-  }
-}
+TEST_P(CpSummaryTest, ForwardSummaryMapsAnyEnteringStateToTheFinalState) { check_summaries(GetParam(), false); }
+
+TEST_P(CpSummaryTest, BackwardSummaryMapsTheFinalStateGradientToDh0) { check_summaries(GetParam(), true); }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CpSummaryTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
