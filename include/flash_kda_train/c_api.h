@@ -111,6 +111,11 @@ typedef struct fkt_sizes {
   int64_t num_sequences;           /* N */
   int64_t num_chunks;              /* NT of intermediate_states (dense: per batch row) */
   int32_t backend;                 /* the backend chosen (enum fkt_backend) */
+  /* 1 when the backward reads the forward's intermediates instead of recomputing them (the option
+   * disable_recompute on the CUDA backend): both workspace sizes are then equal, and fkt_backward
+   * must get, as its workspace, the buffer fkt_forward was given, unmodified, with the same inputs
+   * and options. 0: the backward recomputes and its workspace is any buffer of its size. */
+  int32_t backward_reads_forward_workspace;
 } fkt_sizes;
 
 FKT_API const char* fkt_last_error(void);

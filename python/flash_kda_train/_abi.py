@@ -67,6 +67,16 @@ class Inputs(NamedTuple):
     cu_seqlens_cpu: Any = None
 
 
+class ForwardResult(NamedTuple):
+    """What the forward returns. ``saved`` is the workspace the backward reads instead of
+    recomputing (``disable_recompute`` on the CUDA backend), None otherwise."""
+
+    o: Any
+    final_state: Optional[Any]
+    intermediate_states: Optional[Any]
+    saved: Optional[Any]
+
+
 class Grads(NamedTuple):
     """Gradients of chunk_kda's differentiable inputs; None where the input is absent."""
 
@@ -156,8 +166,8 @@ def state_shape(fw: Framework, cfg: Config, inputs: Inputs, num_sequences: int):
 
 
 def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool,
-            return_intermediate_states: bool = False):
-    """Runs the forward; returns (o, final_state or None, intermediate states or None)."""
+            return_intermediate_states: bool = False) -> ForwardResult:
+    """Runs the forward (final and intermediate states only when asked)."""
     call = Call(fw, cfg, inputs)
     sizes = call.sizes()
     q, v = inputs.q, inputs.v
@@ -179,7 +189,7 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
     struct = _lib.ForwardOutputs(**{name: pointer(d) for name, d in outs.items()})
     _lib.check(_lib.lib.fkt_forward(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct),
                                     call.stream()))
-    return o, final_state, h
+    return ForwardResult(o, final_state, h, workspace if sizes.backward_reads_forward_workspace else None)
 
 
 def _like(fw: Framework, t, dtype: Optional[str] = None):
@@ -199,17 +209,24 @@ def _grads(fw: Framework, cfg: Config, inputs: Inputs, dtype: Optional[str] = No
     )
 
 
-def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state) -> Grads:
-    """Runs the backward; returns every gradient of the differentiable inputs."""
+def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None) -> Grads:
+    """Runs the backward; returns every gradient of the differentiable inputs. ``saved`` is the
+    forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it)."""
     call = Call(fw, cfg, inputs)
     sizes = call.sizes()
+    if sizes.backward_reads_forward_workspace:
+        if saved is None:
+            raise ValueError("disable_recompute: the CUDA backward reads the forward's intermediates; pass the "
+                             "forward's saved workspace (ForwardResult.saved)")
+        workspace = saved
+    else:
+        workspace = call.buffer(sizes.backward_workspace_bytes)
     grads = _grads(fw, cfg, inputs)
-    _call_backward(call, sizes.backward_workspace_bytes, d_o, d_final_state, grads, _lib.lib.fkt_backward)
+    _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward)
     return grads
 
 
-def _call_backward(call: Call, workspace_bytes, d_o, d_final_state, grads, fn, gold=False):
-    workspace = call.buffer(workspace_bytes)
+def _call_backward(call: Call, workspace, d_o, d_final_state, grads, fn, gold=False):
     tensors = dict(d_o=d_o, d_final_state=d_final_state, **grads._asdict(), workspace=workspace)
     described = {name: _describe(call.fw, t) for name, t in tensors.items()}
     struct = _lib.BackwardIO(**{name: pointer(d) for name, d in described.items()})
@@ -238,7 +255,7 @@ def gold_backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state
     """Exact fp64 gradients of the token-by-token recurrence on the CPU (CPU inputs)."""
     call = Call(fw, cfg, inputs)
     grads = _grads(fw, cfg, inputs, "float64")
-    _call_backward(call, 0, d_o, d_final_state, grads, _lib.lib.fkt_gold_backward, gold=True)
+    _call_backward(call, None, d_o, d_final_state, grads, _lib.lib.fkt_gold_backward, gold=True)
     return grads
 
 

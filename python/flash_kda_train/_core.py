@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from . import _abi
-from ._abi import Config, Grads, Inputs  # noqa: F401  (re-exported: the torch layer's names)
+from ._abi import Config, ForwardResult, Grads, Inputs  # noqa: F401  (re-exported: the torch layer's names)
 from ._tensors import describe_torch
 
 
@@ -64,14 +64,16 @@ def readable(inputs: Inputs) -> Inputs:
     return Inputs(*(_readable(t) for t in inputs))
 
 
-def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_intermediate_states: bool = False):
-    """Runs the forward; returns (o, final_state or None, intermediate states or None)."""
+def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_intermediate_states: bool = False
+            ) -> ForwardResult:
+    """Runs the forward; ``saved`` of the result goes to ``backward`` (see ``_abi.ForwardResult``)."""
     return _abi.forward(TORCH, cfg, readable(inputs), output_final_state, return_intermediate_states)
 
 
-def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor]) -> Grads:
+def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor],
+             saved: Optional[torch.Tensor] = None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs."""
-    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state))
+    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved)
 
 
 def gold_forward(cfg: Config, inputs: Inputs, output_final_state: bool = True):

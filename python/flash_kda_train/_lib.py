@@ -81,6 +81,7 @@ class Sizes(ctypes.Structure):
         ("num_sequences", _c_int64),
         ("num_chunks", _c_int64),
         ("backend", _c_int32),
+        ("backward_reads_forward_workspace", _c_int32),
     ]
 
 

@@ -68,10 +68,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        return _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True)
+        o, final_state, h, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True)
+        return o, final_state, h
     flags = [cfg.use_qk_l2norm_in_kernel, cfg.use_gate_in_kernel, cfg.use_beta_sigmoid_in_kernel,
              cfg.allow_neg_eigval, cfg.safe_gate, cfg.disable_recompute, cfg.state_v_first]
-    o, final_state = torch.ops.flash_kda_train.chunk_kda_fwd(
+    o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg.scale, cfg.lower_bound,
         cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
     return o, (final_state if output_final_state else None)
@@ -79,11 +80,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
 @dataclasses.dataclass
 class Context:
-    """What ``backward`` needs from ``forward``: the inputs (by reference) and the options."""
+    """What ``backward`` needs from ``forward``: the inputs (by reference), the options, and the
+    forward's workspace when the backward reads it (``disable_recompute`` on CUDA)."""
 
     config: _core.Config
     inputs: _core.Inputs
     output_final_state: bool
+    saved: Optional[torch.Tensor] = None
 
 
 def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -103,8 +106,8 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     with torch.no_grad():
         inputs = _core.Inputs(*(t.detach() if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
-        o, final_state, _ = _core.forward(cfg, inputs, output_final_state)
-    return o, final_state, Context(cfg, inputs, bool(output_final_state))
+        o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
+    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved)
 
 
 def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = None) -> _core.Grads:
@@ -115,4 +118,4 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     """
     with torch.no_grad():
         return _core.backward(context.config, context.inputs, do.detach(),
-                              dht.detach() if dht is not None else None)
+                              dht.detach() if dht is not None else None, context.saved)

@@ -221,7 +221,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
             shape = _core.state_shape(cfg, inputs, layout.num_seqs)
             h0 = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
             fold(gathered, layout.rank - layout.pre, layout.pre, False, cfg.state_v_first, h0[0])
-        o, _, _ = _core.forward(cfg, inputs._replace(initial_state=h0), False)
+        o = _core.forward(cfg, inputs._replace(initial_state=h0), False).o
         # Only the first sequence's entering state is kept; backward expands it again.
         ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0[0] if h0 is not None else None)
         ctx.cfg, ctx.layout, ctx.cu = cfg, layout, (cu_seqlens, cu_seqlens_cpu)
@@ -263,4 +263,6 @@ def chunk_kda(cfg: _core.Config, q, k, v, g, beta, A_log, dt_bias, cp_context) -
     if cu_seqlens.device != q.device:  # a context built from host offsets, used with CUDA tensors
         cu_seqlens = cu_seqlens.to(q.device)
     layout = _Layout(cp_context, int(cu_seqlens_cpu.numel()) - 1)
+    # The context-parallel backward recomputes: it runs the slice again from the exchanged states.
+    cfg = dataclasses.replace(cfg, disable_recompute=False)
     return _ChunkKDAContextParallel.apply(q, k, v, g, beta, A_log, dt_bias, cfg, layout, cu_seqlens, cu_seqlens_cpu)

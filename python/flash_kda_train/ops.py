@@ -30,43 +30,54 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
+def _saved_or_empty(saved: Optional[Tensor], q: Tensor) -> Tensor:
+    return saved if saved is not None else q.new_empty(0, dtype=torch.uint8)
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", mutates_args=())
 def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
                   dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
                   cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
-                  flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor]:
+                  flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """(o, final state or empty, the workspace the backward reads or empty: disable_recompute on CUDA)."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-    o, final_state, _ = _core.forward(cfg, inputs, output_final_state)
-    return o, final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q))
+    o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
+    return (o, final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q)),
+            _saved_or_empty(saved, q))
 
 
 @chunk_kda_fwd.register_fake
 def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound, chunk_size,
       flags, output_final_state, backend):
     state_dtype = _core.state_dtype(q)
+    disable_recompute = flags[5]
+    # The kept workspace's size depends on the offsets' values (chunks per sequence): data-dependent.
+    saved = q.new_empty(torch.library.get_ctx().new_dynamic_size() if disable_recompute else 0, dtype=torch.uint8)
+    o = v.new_empty(v.shape, dtype=q.dtype)
     if not output_final_state:
-        return v.new_empty(v.shape, dtype=q.dtype), q.new_empty(0, dtype=state_dtype)
+        return o, q.new_empty(0, dtype=state_dtype), saved
     num_sequences = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     K, HV, V = q.shape[-1], v.shape[2], v.shape[-1]
     state_v_first = flags[6]
     shape = (num_sequences, HV, V, K) if state_v_first else (num_sequences, HV, K, V)
-    return v.new_empty(v.shape, dtype=q.dtype), q.new_empty(shape, dtype=state_dtype)
+    return o, q.new_empty(shape, dtype=state_dtype), saved
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_bwd", mutates_args=())
 def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
                   dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], scale: float,
-                  lower_bound: Optional[float], chunk_size: int, flags: List[bool], backend: str) -> List[Tensor]:
+                  cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], saved: Tensor,
+                  scale: float, lower_bound: Optional[float], chunk_size: int, flags: List[bool],
+                  backend: str) -> List[Tensor]:
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-    grads = _core.backward(cfg, inputs, d_o, _absent(d_final_state))
+    grads = _core.backward(cfg, inputs, d_o, _absent(d_final_state), saved if saved.numel() else None)
     return [t if t is not None else _empty(q) for t in grads]
 
 
 @chunk_kda_bwd.register_fake
-def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, d_o, d_final_state, scale,
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, d_o, d_final_state, saved, scale,
       lower_bound, chunk_size, flags, backend):
     gate_in_kernel = flags[1]
     optional = [A_log if gate_in_kernel else None, dt_bias if gate_in_kernel else None, initial_state]
@@ -82,12 +93,13 @@ _OPTIONS = ("scale", "lower_bound", "chunk_size", "flags", "backend")
 def _setup_context(ctx, inputs, output):
     named = dict(zip(_INPUTS + ("scale", "lower_bound", "chunk_size", "flags", "output_final_state", "backend"),
                      inputs))
-    ctx.save_for_backward(*(named[name] for name in _INPUTS))
+    ctx.save_for_backward(*(named[name] for name in _INPUTS), output[2])
     ctx.options = {name: named[name] for name in _OPTIONS}
 
 
-def _backward(ctx, d_o, d_final_state):
-    grads = torch.ops.flash_kda_train.chunk_kda_bwd(*ctx.saved_tensors, d_o, _absent(d_final_state), **ctx.options)
+def _backward(ctx, d_o, d_final_state, _d_saved):
+    *inputs, saved = ctx.saved_tensors
+    grads = torch.ops.flash_kda_train.chunk_kda_bwd(*inputs, d_o, _absent(d_final_state), saved, **ctx.options)
     dA_log, ddt_bias, dh0 = (_absent(t) for t in grads[5:])
     # One gradient per op input: q, k, v, g, beta, A_log, dt_bias, initial_state, then None for
     # cu_seqlens, cu_seqlens_cpu and the six options.

@@ -42,7 +42,8 @@ int fkt_plan_sizes(const fkt_inputs* in, const fkt_options* opt, fkt_sizes* size
               s.backward_workspace_bytes,
               p.N,
               p.num_chunks,
-              p.backend == fkt::Backend::kCpu ? FKT_BACKEND_CPU : FKT_BACKEND_CUDA};
+              p.backend == fkt::Backend::kCpu ? FKT_BACKEND_CPU : FKT_BACKEND_CUDA,
+              p.keep_forward ? 1 : 0};
   });
 }
 

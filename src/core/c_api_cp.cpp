@@ -21,6 +21,7 @@ fkt::Problem cp_problem(const fkt_inputs* in, const fkt_options* opt) {
   FKT_CHECK(in != nullptr && opt != nullptr) << "inputs and options must not be null";
   fkt::Problem p = fkt::make_problem(*in, *opt);
   fkt::check_supported(p);
+  p.keep_forward = false;  // a summary is one self-contained pass: nothing is kept for a backward
   return p;
 }
 

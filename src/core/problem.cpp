@@ -213,6 +213,7 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
   FKT_CHECK(opt.backend != FKT_BACKEND_CUDA || on_cuda)
       << "backend: the CUDA backend was requested but the tensors are on " << device_str(p.device);
   p.backend = on_cuda ? Backend::kCuda : Backend::kCpu;
+  p.keep_forward = on_cuda && opt.disable_recompute != 0;
   return p;
 }
 

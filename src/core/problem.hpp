@@ -38,6 +38,9 @@ struct Problem {
   int chunk = 64;
   bool l2norm = false;
   bool state_v_first = false;
+  // disable_recompute on a backend that keeps the forward's intermediates for the backward (CUDA):
+  // the forward writes them into its workspace and the backward reads them from it.
+  bool keep_forward = false;
   bool fp64 = false;        // inputs are float64: the CPU backend then computes in float64
   DType input_dtype = DType::kF32;
   Backend backend = Backend::kCpu;

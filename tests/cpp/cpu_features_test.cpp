@@ -307,6 +307,13 @@ TEST(CpuPlan, SizesDescribeTheProblem) {
   ASSERT_EQ(fkt_plan_sizes(&x, &dense.opt, &s), 0) << fkt_last_error();
   EXPECT_EQ(s.num_sequences, 2);
   EXPECT_EQ(s.num_chunks, 3);
+  EXPECT_EQ(s.backward_reads_forward_workspace, 0);
+  // The CPU backward always recomputes: disable_recompute keeps no forward workspace there.
+  dense.opt.disable_recompute = 1;
+  fkt_sizes kept{};
+  ASSERT_EQ(fkt_plan_sizes(&x, &dense.opt, &kept), 0) << fkt_last_error();
+  EXPECT_EQ(kept.backward_reads_forward_workspace, 0);
+  EXPECT_EQ(kept.forward_workspace_bytes, s.forward_workspace_bytes);
 }
 
 }  // namespace

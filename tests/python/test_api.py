@@ -1,5 +1,6 @@
 """The Python surface: FLA-compatible argument handling, the paired API, the custom op contract."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -103,21 +104,22 @@ def test_fla_keyword_handling():
 def test_opcheck(gate_in_kernel):
     x = make_inputs(B=1, T=70, H=1, HV=2, K=8, V=8, gate_in_kernel=gate_in_kernel, requires_grad=True)
     flags = [False, gate_in_kernel, False, False, False, False, False]
+    saved = torch.empty(0, dtype=torch.uint8)  # the CPU backend keeps no forward workspace
     sample = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["initial_state"], None, None,
               0.35, None, 64, flags, True, "auto")
     torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_fwd.default, sample)
     # The backward op is not itself differentiable (no double backward): check it on plain tensors.
     plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in sample[:10]]
-    bwd = (*plain, torch.randn_like(plain[2]), torch.randn_like(plain[7]), 0.35, None, 64, flags, "auto")
+    bwd = (*plain, torch.randn_like(plain[2]), torch.randn_like(plain[7]), saved, 0.35, None, 64, flags, "auto")
     torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_bwd.default, bwd)
 
 
 class TinyKDA(torch.nn.Module):
     """Projections around chunk_kda with the in-kernel gate: what a model layer does."""
 
-    def __init__(self, hidden=32, heads=2, head_dim=16):
+    def __init__(self, hidden=32, heads=2, head_dim=16, disable_recompute=False):
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.disable_recompute = heads, head_dim, disable_recompute
         self.proj = torch.nn.Linear(hidden, heads * (4 * head_dim + 1))
         self.A_log = torch.nn.Parameter(torch.zeros(heads))
         self.dt_bias = torch.nn.Parameter(torch.zeros(heads * head_dim))
@@ -130,19 +132,22 @@ class TinyKDA(torch.nn.Module):
         shape = (B, T, H, D)
         o, _ = fkt.chunk_kda(q.reshape(shape), k.reshape(shape), v.reshape(shape), g.reshape(shape), beta,
                              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                             A_log=self.A_log, dt_bias=self.dt_bias)
+                             A_log=self.A_log, dt_bias=self.dt_bias, disable_recompute=self.disable_recompute)
         return self.out(o.reshape(B, T, H * D))
 
 
-# CPU: the AOT-autograd path without code generation; GPU: the default inductor backend.
+# CPU: the AOT-autograd path without code generation; GPU: the default inductor backend. With
+# disable_recompute the forward op also returns the workspace the backward reads (CUDA), whose size
+# the fake implementation leaves data-dependent.
+@pytest.mark.parametrize("disable_recompute", [False, True])
 @pytest.mark.parametrize("device,backend", [
     ("cpu", "aot_eager"),
     pytest.param("cuda", "inductor", marks=pytest.mark.skipif(
         not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend")),
 ])
-def test_torch_compile_fullgraph_matches_eager(device, backend):
+def test_torch_compile_fullgraph_matches_eager(device, backend, disable_recompute):
     torch.manual_seed(0)
-    model = TinyKDA().to(device)
+    model = TinyKDA(disable_recompute=disable_recompute).to(device)
     x = torch.randn(2, 70, 32, device=device)
     eager_out = model(x)
     eager_grads = torch.autograd.grad(eager_out.square().sum(), list(model.parameters()))
@@ -152,3 +157,34 @@ def test_torch_compile_fullgraph_matches_eager(device, backend):
     torch.testing.assert_close(out, eager_out)
     for a, b in zip(grads, eager_grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend"))])
+def test_disable_recompute_gives_the_same_gradients(device):
+    """With disable_recompute the CUDA backward reads the forward's intermediates instead of
+    recomputing them (the same kernels wrote them): every gradient is bitwise the same. The CPU
+    backend always recomputes."""
+    x = make_inputs(B=2, T=130, H=2, HV=4, K=32, V=48, gate_in_kernel=True, requires_grad=False)
+    leaves = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+    results = []
+    for disable_recompute in (False, True):
+        ins = {n: t.clone().requires_grad_() for n, t in leaves.items()
+               if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        o, ht = fkt.chunk_kda(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], initial_state=ins["initial_state"],
+                              output_final_state=True, use_gate_in_kernel=True, A_log=ins["A_log"],
+                              dt_bias=ins["dt_bias"], disable_recompute=disable_recompute)
+        torch.manual_seed(1)
+        torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
+        results.append([o, ht] + [ins[n].grad for n in sorted(ins)])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    o, final_state, context = fkt.forward(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                                          use_gate_in_kernel=True, A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
+                                          disable_recompute=True)
+    assert (context.saved is not None) == (device == "cuda")
+    grads = fkt.backward(context, torch.ones_like(o))
+    assert torch.isfinite(grads.dq).all()
+    if device == "cuda":
+        with pytest.raises(ValueError, match="pass the forward's saved workspace"):
+            fkt.backward(dataclasses.replace(context, saved=None), torch.ones_like(o))

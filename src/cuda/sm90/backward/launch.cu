@@ -81,8 +81,9 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
     return dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.HV), tiles(p.V, tile));
   };
 
-  // B0: the forward's intermediates again, keeping T and the activated inputs (no output).
-  forward_stages(p, params.fwd, stream);
+  // B0: the forward's intermediates again, keeping T and the activated inputs (no output), unless
+  // the workspace is the forward's, which wrote them (keep_forward, c_api.h).
+  if (!p.keep_forward) forward_stages(p, params.fwd, stream);
 
   launch(bwd_dp_kernel, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
   launch(bwd_state_kernel, per_sequence(StateConfig::kTileV), StateConfig::kThreads, BwdStateLayout::bytes(C, K), s,

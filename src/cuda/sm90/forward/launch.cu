@@ -17,7 +17,9 @@ constexpr int kMaxHeadDim = 128;  // shared-memory plan of the fp32 stage kernel
 
 ForwardParams make_params(const Problem& p, const fkt_forward_outputs& out) {
   Carver carver(TensorRef(out.workspace, "workspace").bytes());
-  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, false));
+  // With keep_forward the workspace is laid out as the backward's, whose first part the forward fills
+  // (T and the activated inputs included) for the backward to read.
+  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, p.keep_forward));
   params.o = data_or_null(out.o, "o");
   params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
@@ -45,6 +47,7 @@ void check_supported(const Problem& p) {
 }
 
 uint64_t forward_workspace_bytes(const Problem& p) {
+  if (p.keep_forward) return backward_workspace_bytes(p);
   Carver measure;
   ForwardWorkspace::carve(measure, p, false);
   return measure.bytes();
