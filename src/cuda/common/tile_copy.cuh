@@ -27,6 +27,25 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// Calls f(r, c) for the cells of a [rows, cols] grid, block-strided in row-major order: thread i
+// takes cells i, i + blockDim.x, ... One division per thread instead of one per cell (the state
+// passes run these loops once per chunk).
+template <typename F>
+__device__ __forceinline__ void for_each_cell(int rows, int cols, F f) {
+  if (cols <= 0) return;
+  const int step_r = blockDim.x / cols, step_c = blockDim.x % cols;
+  int r = threadIdx.x / cols, c = threadIdx.x % cols;
+  while (r < rows) {
+    f(r, c);
+    r += step_r;
+    c += step_c;
+    if (c >= cols) {
+      c -= cols;
+      ++r;
+    }
+  }
+}
+
 // Enqueues (by the whole block) the copy of a [rows, cols] block of fp32 rows with global row
 // stride `stride` floats into shared memory with row stride ld, zero-filling rows >= valid_rows and
 // columns >= valid_cols. 16-byte copies when every row start is 16-byte aligned, else 4-byte ones.
@@ -35,19 +54,17 @@ __device__ __forceinline__ void copy_rows_async(float* dst, int ld, const float*
   const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && valid_cols % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(src) % 16 == 0;
   if (vector) {
-    const int quads = cols / 4;
-    for (int x = threadIdx.x; x < rows * quads; x += blockDim.x) {
-      const int r = x / quads, c = x % quads * 4;
+    for_each_cell(rows, cols / 4, [&](int r, int q) {
+      const int c = q * 4;
       const bool in = r < valid_rows && c < valid_cols;
       cp_async<16>(dst + r * ld + c, in ? src + r * stride + c : src, in);
-    }
+    });
     return;
   }
-  for (int x = threadIdx.x; x < rows * cols; x += blockDim.x) {
-    const int r = x / cols, c = x % cols;
+  for_each_cell(rows, cols, [&](int r, int c) {
     const bool in = r < valid_rows && c < valid_cols;
     cp_async<4>(dst + r * ld + c, in ? src + r * stride + c : src, in);
-  }
+  });
 }
 
 // Loads (by the whole block) a [rows, cols] block of rows with stride `stride` elements of T into
@@ -110,14 +127,12 @@ __device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const voi
 __device__ __forceinline__ void store_rows(float* dst, int64_t stride, const float* src, int ld, int rows, int cols) {
   const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   if (vector) {
-    const int quads = cols / 4;
-    for (int x = threadIdx.x; x < rows * quads; x += blockDim.x) {
-      const int r = x / quads, c = x % quads * 4;
-      *reinterpret_cast<float4*>(dst + r * stride + c) = *reinterpret_cast<const float4*>(src + r * ld + c);
-    }
+    for_each_cell(rows, cols / 4, [&](int r, int q) {
+      *reinterpret_cast<float4*>(dst + r * stride + q * 4) = *reinterpret_cast<const float4*>(src + r * ld + q * 4);
+    });
     return;
   }
-  for (int x = threadIdx.x; x < rows * cols; x += blockDim.x) dst[x / cols * stride + x % cols] = src[x / cols * ld + x % cols];
+  for_each_cell(rows, cols, [&](int r, int c) { dst[r * stride + c] = src[r * ld + c]; });
 }
 
 }  // namespace fkt::cuda

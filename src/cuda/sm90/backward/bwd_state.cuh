@@ -79,11 +79,8 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;
     if (owner) {
-      for_each_acc(ds, [&](int r, int e, float x) {
-        const int d = row0 + r;
-        dS[d * kLd + e] = x;  // every reader of dS waited at the later chunk's barriers
-        if (!kSummary && d < K && e < width) p.ws.d_states[((chunk_row * f.HV + head) * K + d) * V + e0 + e] = x;
-      });
+      // Every reader of dS waited at the later chunk's barriers.
+      for_each_acc(ds, [&](int r, int e, float x) { dS[(row0 + r) * kLd + e] = x; });
     }
     float pre[kPrefetch];  // s * dO of this chunk, loaded while d_delta is computed
 #pragma unroll
@@ -102,12 +99,11 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
                   [&](int d, int e) { return dS[d * kLd + c0 + e]; });
       for_each_acc(acc, [&](int r, int e, float x) {
         const int row = R0 + r, col = c0 + e;
-        const float value = row < l ? dd_intra[row * kLd + col] + x : 0.f;
-        dd[row * kLd + col] = value;
-        if (!kSummary && row < l && col < width) {
-          p.ws.d_delta[(row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + col] = value;
-        }
+        dd[row * kLd + col] = row < l ? dd_intra[row * kLd + col] + x : 0.f;
       });
+    }
+    if (!kSummary) {
+      store_rows(p.ws.d_states + (chunk_row * f.HV + head) * static_cast<int64_t>(K) * V + e0, V, dS, kLd, K, width);
     }
 #pragma unroll
     for (int i = 0; i < kPrefetch; ++i) {
@@ -115,6 +111,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
       if (x < C * kTile) d_o[x / kTile * kLd + x % kTile] = pre[i];
     }
     __syncthreads();  // K_down and the intra part are consumed; d_delta and s * dO are complete
+    if (!kSummary) store_rows(p.ws.d_delta + row_of(j) * V + e0, stride_v, dd, kLd, l, width);
     if (j > 0) {
       issue_delta(j - 1);
       cp_async_wait<1>();  // group B of chunk j

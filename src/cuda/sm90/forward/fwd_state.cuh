@@ -14,6 +14,18 @@
 
 namespace fkt::cuda {
 
+// h_j of one V-tile, from its shared-memory mirror S [Kp, kLdTile], to the workspace's states
+// (fp32, [K, V] at `base`) and to intermediate_states when asked (its dtype and layout).
+__device__ __forceinline__ void store_state(const ForwardParams& p, const float* S, int64_t base, int e0, int width) {
+  constexpr int kLd = StateConfig::kLdTile;
+  store_rows(p.ws.states + base + e0, p.V, S, kLd, p.K, width);
+  if (p.intermediate_states == nullptr) return;
+  for_each_cell(p.K, width, [&](int d, int e) {
+    const int64_t at = p.state_v_first ? static_cast<int64_t>(e0 + e) * p.K + d : static_cast<int64_t>(d) * p.V + e0 + e;
+    store_float(p.intermediate_states, p.o_dtype, base + at, S[d * kLd + e]);
+  });
+}
+
 // kSummary runs the context-parallel forward summary of sequence n instead (kda-math.md section 9):
 // the same pass on the widened state [S | M] of V + K columns from [0 | I] with new values [U | 0],
 // writing only the final widened state, to summary [HV, K, V + K]. Columns evolve independently,
@@ -70,17 +82,8 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;
     if (owner) {
-      for_each_acc(s, [&](int r, int e, float x) {
-        const int d = row0 + r;
-        S[d * kLd + e] = x;  // every reader of S waited at the previous chunk's barriers
-        if (kSummary || d >= K || e >= width) return;
-        const int64_t base = (chunk_row * p.HV + head) * static_cast<int64_t>(K) * V;
-        p.ws.states[base + static_cast<int64_t>(d) * V + e0 + e] = x;
-        if (p.intermediate_states != nullptr) {  // [B, NT, HV, ...]: (b, j) flattens to chunk_row
-          const int64_t at = p.state_v_first ? static_cast<int64_t>(e0 + e) * K + d : static_cast<int64_t>(d) * V + e0 + e;
-          store_float(p.intermediate_states, p.o_dtype, base + at, x);
-        }
-      });
+      // Every reader of S waited at the previous chunk's barriers.
+      for_each_acc(s, [&](int r, int e, float x) { S[(row0 + r) * kLd + e] = x; });
     }
     cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
     __syncthreads();
@@ -92,14 +95,12 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
                   [&](int d, int e) { return S[d * kLd + c0 + e]; });
       for_each_acc(acc, [&](int r, int e, float x) {
         const int row = R0 + r, col = c0 + e;
-        const float value = row < l ? U[row * kLd + col] - x : 0.f;
-        delta[row * kLd + col] = value;
-        if (!kSummary && row < l && col < width) {
-          p.ws.delta[(row_of(j) + static_cast<int64_t>(row) * p.HV) * V + e0 + col] = value;
-        }
+        delta[row * kLd + col] = row < l ? U[row * kLd + col] - x : 0.f;
       });
     }
+    if (!kSummary) store_state(p, S, (chunk_row * p.HV + head) * static_cast<int64_t>(K) * V, e0, width);
     __syncthreads();  // W and U are consumed, delta is complete
+    if (!kSummary) store_rows(p.ws.delta + row_of(j) * V + e0, static_cast<int64_t>(p.HV) * V, delta, kLd, l, width);
     if (j + 1 < chunks) {
       issue_values(j + 1);
       cp_async_wait<1>();  // group B of chunk j
