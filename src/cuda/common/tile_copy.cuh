@@ -27,23 +27,43 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Calls f(r, c) for the cells of a [rows, cols] grid, block-strided in row-major order: thread i
-// takes cells i, i + blockDim.x, ... One division per thread instead of one per cell (the state
-// passes run these loops once per chunk).
-template <typename F>
-__device__ __forceinline__ void for_each_cell(int rows, int cols, F f) {
-  if (cols <= 0) return;
-  const int step_r = blockDim.x / cols, step_c = blockDim.x % cols;
-  int r = threadIdx.x / cols, c = threadIdx.x % cols;
+// Calls f(r, c, g, s) for the cells of a [rows, cells] grid, block-strided in row-major order (thread
+// i takes cells i, i + blockDim.x, ...), a cell being kWidth consecutive elements: c is the cell's
+// first column, g and s its element offsets in a global array (row stride global_ld) and a shared
+// one (row stride shared_ld). The offsets advance by additions: one division per thread, not one
+// 64-bit multiply and division per cell (the state passes run these loops once per chunk).
+template <int kWidth, typename F>
+__device__ __forceinline__ void for_each_cell(int rows, int cells, int64_t global_ld, int shared_ld, F f) {
+  if (cells <= 0) return;
+  const int step_r = blockDim.x / cells, step_c = blockDim.x % cells;
+  int r = threadIdx.x / cells, c = threadIdx.x % cells;
+  int64_t g = r * global_ld + c * kWidth;
+  int s = r * shared_ld + c * kWidth;
+  const int64_t g_step = step_r * global_ld + step_c * kWidth, g_wrap = global_ld - cells * kWidth;
+  const int s_step = step_r * shared_ld + step_c * kWidth, s_wrap = shared_ld - cells * kWidth;
   while (r < rows) {
-    f(r, c);
+    f(r, c * kWidth, g, s);
     r += step_r;
     c += step_c;
-    if (c >= cols) {
-      c -= cols;
+    g += g_step;
+    s += s_step;
+    if (c >= cells) {
+      c -= cells;
       ++r;
+      g += g_wrap;
+      s += s_wrap;
     }
   }
+}
+
+// copy_rows_async by copies of kWidth floats (cols and valid_cols multiples of kWidth).
+template <int kWidth>
+__device__ __forceinline__ void copy_cells_async(float* dst, int ld, const float* src, int64_t stride, int rows,
+                                                 int cols, int valid_rows, int valid_cols) {
+  for_each_cell<kWidth>(rows, cols / kWidth, stride, ld, [&](int r, int c, int64_t g, int s) {
+    const bool in = r < valid_rows && c < valid_cols;
+    cp_async<4 * kWidth>(dst + s, in ? src + g : src, in);
+  });
 }
 
 // Enqueues (by the whole block) the copy of a [rows, cols] block of fp32 rows with global row
@@ -53,18 +73,8 @@ __device__ __forceinline__ void copy_rows_async(float* dst, int ld, const float*
                                                 int cols, int valid_rows, int valid_cols) {
   const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && valid_cols % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  if (vector) {
-    for_each_cell(rows, cols / 4, [&](int r, int q) {
-      const int c = q * 4;
-      const bool in = r < valid_rows && c < valid_cols;
-      cp_async<16>(dst + r * ld + c, in ? src + r * stride + c : src, in);
-    });
-    return;
-  }
-  for_each_cell(rows, cols, [&](int r, int c) {
-    const bool in = r < valid_rows && c < valid_cols;
-    cp_async<4>(dst + r * ld + c, in ? src + r * stride + c : src, in);
-  });
+  if (vector) copy_cells_async<4>(dst, ld, src, stride, rows, cols, valid_rows, valid_cols);
+  else copy_cells_async<1>(dst, ld, src, stride, rows, cols, valid_rows, valid_cols);
 }
 
 // Loads (by the whole block) a [rows, cols] block of rows with stride `stride` elements of T into
@@ -127,12 +137,12 @@ __device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const voi
 __device__ __forceinline__ void store_rows(float* dst, int64_t stride, const float* src, int ld, int rows, int cols) {
   const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   if (vector) {
-    for_each_cell(rows, cols / 4, [&](int r, int q) {
-      *reinterpret_cast<float4*>(dst + r * stride + q * 4) = *reinterpret_cast<const float4*>(src + r * ld + q * 4);
+    for_each_cell<4>(rows, cols / 4, stride, ld, [&](int, int, int64_t g, int s) {
+      *reinterpret_cast<float4*>(dst + g) = *reinterpret_cast<const float4*>(src + s);
     });
     return;
   }
-  for_each_cell(rows, cols, [&](int r, int c) { dst[r * stride + c] = src[r * ld + c]; });
+  for_each_cell<1>(rows, cols, stride, ld, [&](int, int, int64_t g, int s) { dst[g] = src[s]; });
 }
 
 }  // namespace fkt::cuda

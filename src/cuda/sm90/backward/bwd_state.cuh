@@ -1,7 +1,8 @@
 // B2 on CUDA, one block per (sequence, value head, V-tile), walking the chunks in reverse.
 // dS is the gradient of the state leaving the chunk: it is stored, d_delta += K_down dS, and
 // dS <- diag(exp(gamma_L)) dS + s Q_up^T dO - W^T d_delta. dS stays fp32 in registers (warp w
-// holds rows 16w .. 16w + 15, mirrored to shared memory as the B operand of K_down dS), the
+// holds rows 16 (w % 8) .. + 15 and 16 of the tile's columns, mirrored to shared memory as the B
+// operand of K_down dS), the
 // products run on tensor cores and the previous chunk's operands are copied in meanwhile, as in
 // fwd_state.
 #pragma once
@@ -24,7 +25,8 @@ namespace fkt::cuda {
 template <bool kSummary>
 __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
-  constexpr int kPrefetch = 64 * kTile / StateConfig::kThreads;  // dO elements a thread carries (C <= 64)
+  constexpr int kThreads = StateConfig::kBwdThreads, kCols = StateConfig::kBwdWarpCols;
+  constexpr int kPrefetch = 64 * kTile / kThreads;  // dO elements a thread carries (C <= 64)
   const ForwardParams& f = p.fwd;
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
   const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K);
@@ -42,7 +44,8 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   float* W = smem + L.w;
   float* d_o = smem + L.d_o;
   float* g_last = smem + L.g_last;
-  const int tid = threadIdx.x, warp = tid / 32, row0 = warp * 16;
+  const int tid = threadIdx.x, warp = tid / 32, row0 = warp % StateConfig::kWarps * 16;
+  const int col0 = warp / StateConfig::kWarps * kCols;  // the warp's first column of dS
   const bool owner = row0 < Kp;
   const int64_t chunks = (seq.length + C - 1) / C, stride_k = static_cast<int64_t>(f.HV) * K;
   const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
@@ -63,9 +66,9 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     cp_async_commit();
   };
 
-  float ds[kTile / 8][4];
-  transform_acc(ds, [&](int r, int e, float) {
-    const int d = row0 + r;
+  float ds[kCols / 8][4];
+  transform_acc(ds, [&](int r, int col, float) {
+    const int d = row0 + r, e = col0 + col;
     if constexpr (kSummary) return owner && d < K && e < width && e0 + e == V + d ? 1.f : 0.f;
     else return p.d_final_state != nullptr && owner && d < K && e < width
                     ? p.d_final_state[state_index(f, n, head, d, e0 + e)]
@@ -80,12 +83,12 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     const int64_t chunk_row = seq.first_chunk + j;
     if (owner) {
       // Every reader of dS waited at the later chunk's barriers.
-      for_each_acc(ds, [&](int r, int e, float x) { dS[(row0 + r) * kLd + e] = x; });
+      for_each_acc(ds, [&](int r, int e, float x) { dS[(row0 + r) * kLd + col0 + e] = x; });
     }
     float pre[kPrefetch];  // s * dO of this chunk, loaded while d_delta is computed
 #pragma unroll
     for (int i = 0; i < kPrefetch; ++i) {
-      const int x = tid + i * StateConfig::kThreads, r = x / kTile, e = x % kTile;
+      const int x = tid + i * kThreads, r = x / kTile, e = x % kTile;
       const int64_t at = (row_of(j) + static_cast<int64_t>(r) * f.HV) * V + e0 + e;
       pre[i] = r < l && e < values ? f.scale * load_float(p.d_o, p.d_o_dtype, at) : 0.f;
     }
@@ -107,7 +110,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     }
 #pragma unroll
     for (int i = 0; i < kPrefetch; ++i) {
-      const int x = tid + i * StateConfig::kThreads;
+      const int x = tid + i * kThreads;
       if (x < C * kTile) d_o[x / kTile * kLd + x % kTile] = pre[i];
     }
     __syncthreads();  // K_down and the intra part are consumed; d_delta and s * dO are complete
@@ -121,13 +124,13 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     __syncthreads();
     if (owner) {
       transform_acc(ds, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
-      warp_mma<kTile / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
-                          [&](int r, int e) { return d_o[r * kLd + e]; });
-      float w_dd[kTile / 8][4] = {};
-      warp_mma<kTile / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
-                          [&](int r, int e) { return dd[r * kLd + e]; });
+      warp_mma<kCols / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
+                          [&](int r, int e) { return d_o[r * kLd + col0 + e]; });
+      float w_dd[kCols / 8][4] = {};
+      warp_mma<kCols / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
+                          [&](int r, int e) { return dd[r * kLd + col0 + e]; });
 #pragma unroll
-      for (int t = 0; t < kTile / 8; ++t) {
+      for (int t = 0; t < kCols / 8; ++t) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) ds[t][i] -= w_dd[t][i];
       }
@@ -137,22 +140,25 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   }
   if constexpr (kSummary) {
     if (!owner) return;
-    for_each_acc(ds, [&](int r, int e, float x) {
+    for_each_acc(ds, [&](int r, int col, float x) {
+      const int e = col0 + col;
       if (row0 + r < K && e < width) summary[(static_cast<int64_t>(head) * K + row0 + r) * columns + e0 + e] = x;
     });
   } else if (p.dh0 != nullptr && owner) {
-    for_each_acc(ds, [&](int r, int e, float x) {
+    for_each_acc(ds, [&](int r, int col, float x) {
+      const int e = col0 + col;
       if (row0 + r < K && e < width) p.dh0[state_index(f, n, head, row0 + r, e0 + e)] = x;
     });
   }
 }
 
-__global__ void __launch_bounds__(StateConfig::kThreads) bwd_state_kernel(const __grid_constant__ BackwardParams p) {
+__global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
+    bwd_state_kernel(const __grid_constant__ BackwardParams p) {
   bwd_state_pass<false>(p, blockIdx.x, nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence.
-__global__ void __launch_bounds__(StateConfig::kThreads)
+__global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
   bwd_state_pass<true>(p.bwd, p.sequence, p.summary);
 }

@@ -86,7 +86,7 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   if (!p.keep_forward) forward_stages(p, params.fwd, stream);
 
   launch(bwd_dp_kernel, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
-  launch(bwd_state_kernel, per_sequence(StateConfig::kTileV), StateConfig::kThreads, BwdStateLayout::bytes(C, K), s,
+  launch(bwd_state_kernel, per_sequence(StateConfig::kTileV), StateConfig::kBwdThreads, BwdStateLayout::bytes(C, K), s,
          params);
   launch(bwd_wy_inter_kernel, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
   launch(bwd_intra_kernel, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
@@ -126,8 +126,8 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
   FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
   launch(bwd_dp_kernel, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes(p.chunk, p.K, p.V), s, params.bwd);
-  launch(cp_backward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, BwdStateLayout::bytes(p.chunk, p.K), s,
-         params);
+  launch(cp_backward_summary_kernel, cp_summary_grid(p), StateConfig::kBwdThreads,
+         BwdStateLayout::bytes(p.chunk, p.K), s, params);
 }
 
 }  // namespace fkt::cuda

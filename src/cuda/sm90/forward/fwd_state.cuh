@@ -20,8 +20,9 @@ __device__ __forceinline__ void store_state(const ForwardParams& p, const float*
   constexpr int kLd = StateConfig::kLdTile;
   store_rows(p.ws.states + base + e0, p.V, S, kLd, p.K, width);
   if (p.intermediate_states == nullptr) return;
-  for_each_cell(p.K, width, [&](int d, int e) {
-    const int64_t at = p.state_v_first ? static_cast<int64_t>(e0 + e) * p.K + d : static_cast<int64_t>(d) * p.V + e0 + e;
+  for_each_cell<1>(p.K, width, 0, 0, [&](int d, int e, int64_t, int) {
+    const int64_t at =
+        p.state_v_first ? static_cast<int64_t>(e0 + e) * p.K + d : static_cast<int64_t>(d) * p.V + e0 + e;
     store_float(p.intermediate_states, p.o_dtype, base + at, S[d * kLd + e]);
   });
 }

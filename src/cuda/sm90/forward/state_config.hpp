@@ -6,10 +6,14 @@
 namespace fkt::cuda {
 
 struct StateConfig {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 256;  // fwd_state: warp w holds all kTileV columns of its 16 rows
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;          // state columns per block
   static constexpr int kLdTile = kTileV + 8;  // [*, kTileV] buffers, read as (row t, column g) B fragments
+  // bwd_state: its shared memory admits one block per SM, so it runs two warps per 16 rows (16
+  // columns each) to keep twice as many products in flight.
+  static constexpr int kBwdThreads = 512;
+  static constexpr int kBwdWarpCols = kTileV / (kBwdThreads / kThreads);
   // K rounded up to 16: warp w holds state rows 16w .. 16w + 15 (K <= 128 = 8 warps x 16).
   __host__ __device__ static int padded(int K) { return (K + 15) / 16 * 16; }
   // Row strides of [C, Kp] operands: 4 (mod 32) when read as (row g, column t) A fragments, 8 (mod 32)
