@@ -62,15 +62,26 @@ __device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, Split
 // acc[n] += A[16, k_begin:k_end] B[k_begin:k_end, 8N] for one warp, over k-steps of 8 (the range
 // a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
 // coordinates, k absolute.
+// The lo*hi terms go to a second accumulator, added at the end: each accumulator's chain of
+// dependent mma is one or two per k-step instead of three, which is what bounds these loops.
 template <int N, typename LoadA, typename LoadB>
 __device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  float low[N][4] = {};
   for (int k = k_begin; k < k_end; k += 8) {
     const FragA fa = load_frag_a(a, k);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      mma_split(acc[n], fa, split_tf32(b(k + t, 8 * n + g)), split_tf32(b(k + t + 4, 8 * n + g)));
+      const SplitTf32 x = split_tf32(b(k + t, 8 * n + g)), y = split_tf32(b(k + t + 4, 8 * n + g));
+      mma_tf32(low[n], fa.x[0].lo, fa.x[1].lo, fa.x[2].lo, fa.x[3].lo, x.hi, y.hi);
+      mma_tf32(low[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.lo, y.lo);
+      mma_tf32(acc[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.hi, y.hi);
     }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] += low[n][i];
   }
 }
 
