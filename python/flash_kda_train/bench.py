@@ -5,8 +5,9 @@ options. Protocol: the same inputs in the same process for both implementations;
 around the whole operator call (forward, and forward+backward through autograd), after the warm-up
 calls, median of the repetitions, a 512 MiB buffer zeroed before each repetition to flush L2;
 peak extra memory (``torch.cuda.max_memory_allocated`` above the inputs) of one forward and of one
-forward+backward; optionally the relative RMS error of every output and gradient against the fp64
-gold and a per-kernel profile. Results go to a JSON file (the artifact), with a markdown table
+forward+backward; the achieved bandwidth (the minimum traffic of the call over its time) next to the
+device's copy rate measured in the same run; optionally the relative RMS error of every output and
+gradient against the fp64 gold and a per-kernel profile. Results go to a JSON file (the artifact), with a markdown table
 and a PNG plot generated from it (``--report FILE.json`` regenerates both).
 
 Speedup is FLA's time divided by ours: above 1 means ours is faster.
@@ -227,6 +228,18 @@ def make_inputs(shape: Shape, config: Config, device: torch.device, dtype: torch
     return x, leaves
 
 
+def minimum_traffic_bytes(x: dict, leaves: List[str]) -> Dict[str, int]:
+    """Bytes any implementation moves at least (benchmarks.md, "The physical floor", without the
+    per-chunk states, which depend on the algorithm): the forward reads every input and writes o and
+    the final state; the forward+backward reads the inputs twice (forward, backward), reads do and
+    dht, and writes o, the final state and one gradient per input."""
+    def nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+    inputs = sum(nbytes(x[n]) for n in leaves)
+    outputs = nbytes(x["do"]) + nbytes(x["dht"])  # o and the final state have their shapes and dtypes
+    return dict(fwd=inputs + outputs, fwd_bwd=2 * inputs + 2 * outputs + inputs)
+
+
 # --------------------------------------------------------------------------------------------
 # The two implementations
 
@@ -300,6 +313,17 @@ class Device:
             events.append((start, end))
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) for s, e in events]
+
+    def copy_rate_tbps(self, reps: int = 5) -> Optional[float]:
+        """Device-to-device copy of the flush buffer (read + write bytes over the median time): the
+        rate benchmarks.md quotes (about 4.3 TB/s on the H200). None off CUDA."""
+        if self.flush is None:
+            return None
+        dst = torch.empty_like(self.flush)
+        dst.copy_(self.flush)
+        times = self.time_ms(lambda: dst.copy_(self.flush), reps)
+        del dst
+        return 2 * self.flush.numel() / (statistics.median(times) * 1e-3) / 1e12
 
     def peak_extra_bytes(self, run: Callable) -> Optional[int]:
         """Peak allocated memory above what was allocated before ``run`` (None off CUDA)."""
@@ -449,6 +473,11 @@ def measure(dev: Device, call, x: dict, leaves: List[str], config: Config, args,
 
 def _gb(nbytes: Optional[int]) -> Optional[float]:
     return None if nbytes is None else nbytes / 1e9
+
+
+def _rate(nbytes: int, ms: Optional[float]) -> Optional[float]:
+    """TB/s of nbytes moved in ms."""
+    return nbytes / (ms * 1e-3) / 1e12 if ms else None
 
 
 def _ratio(fla: Optional[float], ours: Optional[float]) -> Optional[float]:
@@ -609,6 +638,28 @@ def render_markdown(data: dict) -> str:
     if reasons:
         lines += ["", "Not measured:", ""]
         lines += [f"- {reason} (first seen on {shape})" for reason, shape in reasons.items()]
+
+    with_traffic = [r for r in results if r.get("min_traffic_gb")]
+    if with_traffic:
+        copy = env.get("copy_tbps")
+        lines += ["", "## Achieved bandwidth", "",
+                  "Minimum traffic (every input read, o, the final state and every gradient written; inputs read "
+                  "twice in forward+backward) over the median time, next to the device's copy rate measured in "
+                  f"this run: {_fmt(copy)} TB/s (read + write). The share of it is how close a call is to the "
+                  "memory floor.", "",
+                  "| shape | config | min traffic GB fwd / fwd+bwd | ours TB/s fwd / fwd+bwd | "
+                  "FLA TB/s fwd / fwd+bwd | ours % of copy rate fwd / fwd+bwd |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in with_traffic:
+            t = r["min_traffic_gb"]
+            ours_bw = (r.get("ours") or {}).get("achieved_tbps") or {}
+            fla_bw = (r.get("fla") or {}).get("achieved_tbps") or {}
+            share = {k: (100 * v / copy if v is not None and copy else None) for k, v in ours_bw.items()}
+            lines.append(f"| {r['shape']} | {r['config']} | "
+                         f"{_fmt(t.get('fwd'), '.3g')} / {_fmt(t.get('fwd_bwd'), '.3g')} | "
+                         f"{_fmt(ours_bw.get('fwd'))} / {_fmt(ours_bw.get('fwd_bwd'))} | "
+                         f"{_fmt(fla_bw.get('fwd'))} / {_fmt(fla_bw.get('fwd_bwd'))} | "
+                         f"{_fmt(share.get('fwd'), '.1f')} / {_fmt(share.get('fwd_bwd'), '.1f')} |")
 
     with_err = [r for r in results if any((r.get(w) or {}).get("errors") for w in ("ours", "fla"))]
     if with_err:
@@ -844,6 +895,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results=[],
     )
     dev = Device(device, args.flush_mib)
+    env["copy_tbps"] = dev.copy_rate_tbps()
     print(f"flash_kda_train bench: {len(shapes)} shape(s) x {len(configs)} config(s) on {env['device']}; "
           f"FLA: {env['fla'] if fla_call is not None else fla_reason}; out {out}", flush=True)
     progress = Progress(len(shapes) * len(configs))
@@ -859,6 +911,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        V=args.dim, seqlens=list(shape.seqlens) if shape.seqlens else None,
                        token_heads=shape.token_heads)
             x, leaves = make_inputs(shape, config, device, dtype, args.dim, args.seed)
+            traffic = minimum_traffic_bytes(x, leaves)
+            row["min_traffic_gb"] = {scope: _gb(n) for scope, n in traffic.items()}
             gold = None
             if args.accuracy == "on" or (args.accuracy == "auto" and shape.token_heads <= args.accuracy_limit):
                 progress.step(f"{label}: fp64 gold on the CPU")
@@ -875,6 +929,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 progress.step(f"{label}: {who}")
                 call = ours_fn(args.backend) if who == "ours" else fla_call
                 row[who] = measure(dev, call, x, leaves, config, args, gold)
+                row[who]["achieved_tbps"] = {scope: _rate(traffic[scope], row[who].get(f"{scope}_ms"))
+                                             for scope in traffic}
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             ours, fla = row["ours"], row["fla"]

@@ -51,9 +51,18 @@ def test_bench_cpu_tiny(tmp_path, capsys):
         assert ours["profiles"]["forward+backward"]["kernels"][0]["ms"] > 0
         assert r["fla"]["status"] == "unavailable" and "CUDA" in r["fla"]["reason"]
         assert r["speedup"] == {"fwd": None, "fwd_bwd": None}
+        assert ours["achieved_tbps"]["fwd_bwd"] == pytest.approx(
+            r["min_traffic_gb"]["fwd_bwd"] * 1e9 / (ours["fwd_bwd_ms"] * 1e-3) / 1e12)
+    # Minimum traffic of B1_T64_H2, K = V = 32, bf16 inputs, the default config, by hand: q, k, v, g
+    # 64 x 2 x 32 bf16 = 8192 B each, beta 256 B, A_log 8 B, dt_bias 256 B, h0 and dht 8192 B (fp32),
+    # o and do 8192 B; inputs 41480 B. fwd: inputs + o + ht; fwd+bwd: 2 x inputs + do, dht + o, ht +
+    # one gradient per input.
+    assert data["results"][0]["min_traffic_gb"] == pytest.approx(dict(fwd=57864e-9, fwd_bwd=157208e-9))
+    assert data["environment"]["copy_tbps"] is None  # measured on CUDA only
     md = out.with_suffix(".md").read_text()
     assert "| shape | config | ours fwd ms |" in md and "| B1_T64_H2 | default |" in md
     assert "Relative RMS error" in md and "Per-kernel breakdown" in md
+    assert "## Achieved bandwidth" in md and "| B1_T64_H2 | default | 5.79e-05 / 0.000157 |" in md
 
     # The report regenerates the markdown from the JSON alone.
     md2 = tmp_path / "again.md"
