@@ -63,7 +63,7 @@ __device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, Split
 // a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
 // coordinates, k absolute.
 // The lo*hi terms go to a second accumulator, added at the end: each accumulator's chain of
-// dependent mma is one or two per k-step instead of three, which is what bounds these loops.
+// dependent mma is one or two per k-step instead of three.
 template <int N, typename LoadA, typename LoadB>
 __device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;

@@ -72,7 +72,8 @@ __device__ __forceinline__ int2 triangle_pair(int idx) {
   return {r, idx - r * (r + 1) / 2};
 }
 
-__global__ void __launch_bounds__(IntraConfig::kThreads, 1) fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(IntraConfig::kThreads, 1)
+    fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kSub = IntraConfig::kSub, kWarps = IntraConfig::kWarps;
   const ChunkSpan c = chunk_span(p, blockIdx.x);
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);

@@ -15,7 +15,8 @@
 namespace fkt::cuda {
 
 // h_j of one V-tile, from its shared-memory mirror S [Kp, kLdTile], to the workspace's states
-// (fp32, [K, V] at `base`) and to intermediate_states when asked (its dtype and layout).
+// (fp32, [K, V] at `base`) and to intermediate_states when asked (its dtype and layout;
+// [B, NT, HV, ...] with (b, j) flattening to the chunk row, so the same base).
 __device__ __forceinline__ void store_state(const ForwardParams& p, const float* S, int64_t base, int e0, int width) {
   constexpr int kLd = StateConfig::kLdTile;
   store_rows(p.ws.states + base + e0, p.V, S, kLd, p.K, width);
