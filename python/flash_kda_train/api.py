@@ -46,16 +46,29 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Returns ``(o, final_state)`` (``final_state`` is None unless ``output_final_state``), or
     ``(o, final_state, h)`` with ``return_intermediate_states`` (inference mode only). Extra
     keywords: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64), ``transpose_state_layout``
-    (deprecated alias of ``state_v_first``) and ``backend`` ("auto", "cpu" or "cuda").
+    (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda") and
+    ``segment_size``.
+
+    ``segment_size`` (tokens, a multiple of the chunk size; dense inputs only) runs the op on
+    consecutive segments of the sequences, each starting from the state the previous one left
+    (exact: the chunks and the fp32 state are those of one call), so the workspace of a call, which
+    grows with its tokens, is that of one segment; autograd runs the segments' backwards in turn.
+    It trades a little time (more launches, a concatenation of o and of the gradients) for memory
+    (with ``disable_recompute`` each segment keeps its workspace for the backward, as one call would).
 
     ``cp_context`` (from ``flash_kda_train.cp.build_cp_context``) runs context-parallel over a
     torch.distributed group: the inputs are this rank's slice of the packed batch, the result is
     ``(o, None)`` for that slice (see ``flash_kda_train.cp``).
     """
+    segment_size = kwargs.pop("segment_size", None)
     cfg, A_log, dt_bias, cu_seqlens_cpu = _resolve(
         q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first,
         cu_seqlens, cu_seqlens_cpu, cp_context, kwargs)
+    if segment_size is not None:
+        _check_segment_size(segment_size, cfg, cu_seqlens, cp_context, return_intermediate_states)
+        if q.dim() == 4 and q.shape[1] > segment_size:
+            return _segmented(segment_size, cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, output_final_state)
     if cp_context is not None:
         if return_intermediate_states:
             raise ValueError("return_intermediate_states: not available with cp_context")
@@ -70,12 +83,42 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
         o, final_state, h, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True)
         return o, final_state, h
+    return _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state)
+
+
+def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state):
     flags = [cfg.use_qk_l2norm_in_kernel, cfg.use_gate_in_kernel, cfg.use_beta_sigmoid_in_kernel,
              cfg.allow_neg_eigval, cfg.safe_gate, cfg.disable_recompute, cfg.state_v_first]
     o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg.scale, cfg.lower_bound,
         cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
     return o, (final_state if output_final_state else None)
+
+
+def _check_segment_size(segment_size, cfg, cu_seqlens, cp_context, return_intermediate_states):
+    if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size <= 0 or \
+            segment_size % cfg.chunk_size:
+        raise ValueError(f"segment_size: expected a positive multiple of the chunk size {cfg.chunk_size} "
+                         f"(tokens), got {segment_size!r}")
+    for name, value in (("cu_seqlens", cu_seqlens), ("cp_context", cp_context)):
+        if value is not None:
+            raise ValueError(f"segment_size: segments of dense [B, T, ...] inputs only, not with {name}")
+    if return_intermediate_states:
+        raise ValueError("segment_size: not with return_intermediate_states")
+
+
+def _segmented(segment_size, cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, output_final_state):
+    """chunk_kda over segments of segment_size tokens, the state carried from one to the next.
+    torch.split keeps one SplitBackward per input, which concatenates the segments' gradients once;
+    pieces of batched inputs are strided and go to the op contiguous."""
+    pieces = [[p.contiguous() for p in torch.split(x, segment_size, dim=1)] for x in (q, k, v, g, beta)]
+    state, outputs = initial_state, []
+    for i, (q_s, k_s, v_s, g_s, beta_s) in enumerate(zip(*pieces)):
+        last = i == len(pieces[0]) - 1
+        o_s, state = _op(cfg, q_s, k_s, v_s, g_s, beta_s, A_log, dt_bias, state, None, None,
+                         output_final_state or not last)
+        outputs.append(o_s)
+    return torch.cat(outputs, dim=1), state
 
 
 @dataclasses.dataclass

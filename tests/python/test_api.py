@@ -188,3 +188,51 @@ def test_disable_recompute_gives_the_same_gradients(device):
     if device == "cuda":
         with pytest.raises(ValueError, match="pass the forward's saved workspace"):
             fkt.backward(dataclasses.replace(context, saved=None), torch.ones_like(o))
+
+
+def run_with_grads(x, device, **kw):
+    """o, the final state and every input's gradient of one chunk_kda call on `device`."""
+    ins = {n: t.detach().to(device).requires_grad_() for n, t in x.items()
+           if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    o, ht = fkt.chunk_kda(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], initial_state=ins.get("initial_state"),
+                          output_final_state=True, A_log=ins.get("A_log"), dt_bias=ins.get("dt_bias"), **kw)
+    torch.manual_seed(1)
+    torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
+    return {"o": o, "ht": ht, **{"d" + n: t.grad for n, t in ins.items()}}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend"))])
+@pytest.mark.parametrize("B,T,segment,opts", [
+    (1, 300, 64, dict()),                                            # five segments, a short last one
+    (2, 200, 128, dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0)),  # strided pieces
+    (1, 150, 32, dict(chunk_size=32, use_qk_l2norm_in_kernel=True, state_v_first=True)),
+])
+def test_segments_give_the_result_of_one_call(device, B, T, segment, opts):
+    """segment_size runs the op segment by segment with the state carried (fp32) between them: the
+    chunks and the recurrence are those of one call, so every output and gradient matches it to
+    fp32 rounding of the reductions across segments (dA_log, ddt_bias sum the segments' parts)."""
+    torch.manual_seed(0)
+    gate = opts.get("use_gate_in_kernel", False)
+    x = make_inputs(B=B, T=T, H=2, HV=4, K=32, V=16, gate_in_kernel=gate,
+                    state_v_first=opts.get("state_v_first", False), requires_grad=False)
+    one = run_with_grads(x, device, **opts)
+    segmented = run_with_grads(x, device, segment_size=segment, **opts)
+    assert one.keys() == segmented.keys()
+    for name, ref in one.items():
+        assert segmented[name].shape == ref.shape and segmented[name].dtype == ref.dtype, name
+        assert rel_rms(segmented[name].cpu(), ref.cpu()) < 1e-6, (name, rel_rms(segmented[name].cpu(), ref.cpu()))
+
+
+def test_segment_size_refusals():
+    x = make_inputs(B=1, T=100, cu_seqlens=[0, 40, 100], requires_grad=False)
+    for bad in (0, -64, 100, 64.0, True):
+        with pytest.raises(ValueError, match=r"segment_size: expected a positive multiple of the chunk size 64 "):
+            fkt.chunk_kda(*args(x), segment_size=bad)
+    with pytest.raises(ValueError, match=r"segment_size: segments of dense \[B, T, \.\.\.\] inputs only, not with "
+                                         r"cu_seqlens"):
+        fkt.chunk_kda(*args(x), cu_seqlens=x["cu_seqlens"], segment_size=64)
+    with torch.inference_mode(), pytest.raises(ValueError, match="segment_size: not with return_intermediate_states"):
+        fkt.chunk_kda(*args(x), return_intermediate_states=True, segment_size=64)
+    o, _ = fkt.chunk_kda(*args(x), segment_size=128)  # one segment: the plain call
+    assert torch.equal(o, fkt.chunk_kda(*args(x))[0])
