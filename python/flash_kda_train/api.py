@@ -53,8 +53,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     consecutive segments of the sequences, each starting from the state the previous one left
     (exact: the chunks and the fp32 state are those of one call), so the workspace of a call, which
     grows with its tokens, is that of one segment; autograd runs the segments' backwards in turn.
-    It trades a little time (more launches, a concatenation of o and of the gradients) for memory
-    (with ``disable_recompute`` each segment keeps its workspace for the backward, as one call would).
+    It trades a little time (more launches, a concatenation of o and of the gradients) for memory;
+    with B > 1 the segments of the inputs are copied (the op reads contiguous tensors), and with
+    ``disable_recompute`` each segment keeps its workspace for the backward, as one call would.
 
     ``cp_context`` (from ``flash_kda_train.cp.build_cp_context``) runs context-parallel over a
     torch.distributed group: the inputs are this rank's slice of the packed batch, the result is
