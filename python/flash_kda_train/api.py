@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from . import _abi, _core
+from . import segments as _segments
 from . import ops as _ops  # noqa: F401  (registers the custom ops)
 
 
@@ -49,10 +50,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda") and
     ``segment_size``.
 
-    ``segment_size`` (tokens, a multiple of the chunk size; dense inputs only) runs the op on
-    consecutive segments of the sequences, each starting from the state the previous one left
-    (exact: the chunks and the fp32 state are those of one call), so the workspace of a call, which
-    grows with its tokens, is that of one segment; autograd runs the segments' backwards in turn.
+    ``segment_size`` (tokens, a multiple of the chunk size) runs the op on consecutive segments of
+    the tokens (of every batch row, or of the packed sequences), a sequence cut by a segment
+    boundary continuing in the next segment from the state it left (exact: cuts fall on chunk
+    boundaries, so the chunks and the fp32 state are those of one call), so the workspace of a
+    call, which grows with its tokens, is that of one segment; autograd runs the segments'
+    backwards in turn.
     It trades a little time (more launches, a concatenation of o and of the gradients) for memory;
     with B > 1 the segments of the inputs are copied (the op reads contiguous tensors), and with
     ``disable_recompute`` each segment keeps its workspace for the backward, as one call would.
@@ -67,9 +70,16 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first,
         cu_seqlens, cu_seqlens_cpu, cp_context, kwargs)
     if segment_size is not None:
-        _check_segment_size(segment_size, cfg, cu_seqlens, cp_context, return_intermediate_states)
-        if q.dim() == 4 and q.shape[1] > segment_size:
-            return _segmented(segment_size, cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, output_final_state)
+        _check_segment_size(segment_size, cfg, cp_context, return_intermediate_states)
+        offsets = None
+        if cu_seqlens is not None:
+            host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+            offsets = [int(o) for o in host.tolist()] if host.dim() == 1 else None
+        if _segments_apply(q, segment_size, cu_seqlens, offsets):
+            def op(q_s, k_s, v_s, g_s, beta_s, state, seg_cu, seg_host):
+                return _op(cfg, q_s, k_s, v_s, g_s, beta_s, A_log, dt_bias, state, seg_cu, seg_host, True)
+            return _segments.run(op, segment_size, cfg.chunk_size, q, k, v, g, beta, initial_state,
+                                 output_final_state, cu_seqlens, offsets)
     if cp_context is not None:
         if return_intermediate_states:
             raise ValueError("return_intermediate_states: not available with cp_context")
@@ -96,30 +106,26 @@ def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seq
     return o, (final_state if output_final_state else None)
 
 
-def _check_segment_size(segment_size, cfg, cu_seqlens, cp_context, return_intermediate_states):
+def _check_segment_size(segment_size, cfg, cp_context, return_intermediate_states):
     if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size <= 0 or \
             segment_size % cfg.chunk_size:
         raise ValueError(f"segment_size: expected a positive multiple of the chunk size {cfg.chunk_size} "
                          f"(tokens), got {segment_size!r}")
-    for name, value in (("cu_seqlens", cu_seqlens), ("cp_context", cp_context)):
-        if value is not None:
-            raise ValueError(f"segment_size: segments of dense [B, T, ...] inputs only, not with {name}")
+    if cp_context is not None:
+        raise ValueError("segment_size: not with cp_context (each rank already holds a slice of the tokens)")
     if return_intermediate_states:
         raise ValueError("segment_size: not with return_intermediate_states")
 
 
-def _segmented(segment_size, cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, output_final_state):
-    """chunk_kda over segments of segment_size tokens, the state carried from one to the next.
-    torch.split keeps one SplitBackward per input, which concatenates the segments' gradients once;
-    pieces of batched inputs are strided and go to the op contiguous."""
-    pieces = [[p.contiguous() for p in torch.split(x, segment_size, dim=1)] for x in (q, k, v, g, beta)]
-    state, outputs = initial_state, []
-    for i, (q_s, k_s, v_s, g_s, beta_s) in enumerate(zip(*pieces)):
-        last = i == len(pieces[0]) - 1
-        o_s, state = _op(cfg, q_s, k_s, v_s, g_s, beta_s, A_log, dt_bias, state, None, None,
-                         output_final_state or not last)
-        outputs.append(o_s)
-    return torch.cat(outputs, dim=1), state
+def _segments_apply(q, segment_size, cu_seqlens, offsets) -> bool:
+    """Whether the call has more than one segment's tokens. Inputs the op refuses (wrong rank,
+    malformed offsets) go to it whole, for its error message."""
+    if q.dim() != 4 or q.shape[1] <= segment_size:
+        return False
+    if cu_seqlens is None:
+        return True
+    return offsets is not None and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == q.shape[1] and \
+        all(a <= b for a, b in zip(offsets, offsets[1:])) and q.shape[0] == 1
 
 
 @dataclasses.dataclass

@@ -203,19 +203,28 @@ def run_with_grads(x, device, **kw):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend"))])
-@pytest.mark.parametrize("B,T,segment,opts", [
-    (1, 300, 64, dict()),                                            # five segments, a short last one
-    (2, 200, 128, dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0)),  # strided pieces
-    (1, 150, 32, dict(chunk_size=32, use_qk_l2norm_in_kernel=True, state_v_first=True)),
+@pytest.mark.parametrize("B,T,segment,cu,state,opts", [
+    (1, 300, 64, None, True, dict()),                                 # five segments, a short last one
+    (2, 200, 128, None, True, dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0)),  # strided
+    (1, 150, 32, None, False, dict(chunk_size=32, use_qk_l2norm_in_kernel=True, state_v_first=True)),
+    # Packed: a sequence over three segments, cuts inside and at sequence starts, empty sequences at
+    # a cut and at the end, with and without initial states.
+    (1, 400, 128, [0, 30, 30, 290, 310, 384, 400, 400], True, dict()),
+    (1, 400, 64, [0, 100, 100, 300, 400], False, dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)),
+    (1, 260, 64, [0, 64, 130, 260], True, dict(chunk_size=32, state_v_first=True)),
 ])
-def test_segments_give_the_result_of_one_call(device, B, T, segment, opts):
-    """segment_size runs the op segment by segment with the state carried (fp32) between them: the
-    chunks and the recurrence are those of one call, so every output and gradient matches it to
-    fp32 rounding of the reductions across segments (dA_log, ddt_bias sum the segments' parts)."""
+def test_segments_give_the_result_of_one_call(device, B, T, segment, cu, state, opts):
+    """segment_size runs the op segment by segment with the state of a cut sequence carried (fp32)
+    into the next segment: the chunks and the recurrence are those of one call, so every output
+    and gradient matches it to fp32 rounding of the reductions across segments (dA_log, ddt_bias
+    sum the segments' parts)."""
     torch.manual_seed(0)
     gate = opts.get("use_gate_in_kernel", False)
-    x = make_inputs(B=B, T=T, H=2, HV=4, K=32, V=16, gate_in_kernel=gate,
+    x = make_inputs(B=B, T=T, H=2, HV=4, K=32, V=16, gate_in_kernel=gate, cu_seqlens=cu, state=state,
+                    beta_logits=opts.get("use_beta_sigmoid_in_kernel", False),
                     state_v_first=opts.get("state_v_first", False), requires_grad=False)
+    if cu is not None:
+        opts = dict(opts, cu_seqlens=x["cu_seqlens"].to(device))
     one = run_with_grads(x, device, **opts)
     segmented = run_with_grads(x, device, segment_size=segment, **opts)
     assert one.keys() == segmented.keys()
@@ -229,10 +238,19 @@ def test_segment_size_refusals():
     for bad in (0, -64, 100, 64.0, True):
         with pytest.raises(ValueError, match=r"segment_size: expected a positive multiple of the chunk size 64 "):
             fkt.chunk_kda(*args(x), segment_size=bad)
-    with pytest.raises(ValueError, match=r"segment_size: segments of dense \[B, T, \.\.\.\] inputs only, not with "
-                                         r"cu_seqlens"):
-        fkt.chunk_kda(*args(x), cu_seqlens=x["cu_seqlens"], segment_size=64)
     with torch.inference_mode(), pytest.raises(ValueError, match="segment_size: not with return_intermediate_states"):
         fkt.chunk_kda(*args(x), return_intermediate_states=True, segment_size=64)
     o, _ = fkt.chunk_kda(*args(x), segment_size=128)  # one segment: the plain call
     assert torch.equal(o, fkt.chunk_kda(*args(x))[0])
+    # Offsets the op refuses reach it whole, for its own message.
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        fkt.chunk_kda(*args(x), cu_seqlens=torch.tensor([0, 70, 40, 100]), segment_size=64)
+
+
+def test_segment_plan_cuts_on_chunk_boundaries():
+    from flash_kda_train import segments
+    assert segments.plan([0, 300], 128, 64) == [(0, 128), (128, 256), (256, 300)]
+    # 30 + 64 k inside the sequence that starts at 30; a limit at or past a sequence start cuts there.
+    assert segments.plan([0, 30, 30, 290, 310, 384, 400, 400], 128, 64) == [(0, 94), (94, 222), (222, 310),
+                                                                            (310, 400)]
+    assert segments.plan([0, 0, 64, 64], 64, 64) == [(0, 64)]
