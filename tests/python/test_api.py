@@ -117,9 +117,10 @@ def test_opcheck(gate_in_kernel):
 class TinyKDA(torch.nn.Module):
     """Projections around chunk_kda with the in-kernel gate: what a model layer does."""
 
-    def __init__(self, hidden=32, heads=2, head_dim=16, disable_recompute=False):
+    def __init__(self, hidden=32, heads=2, head_dim=16, disable_recompute=False, segment_size=None):
         super().__init__()
         self.heads, self.head_dim, self.disable_recompute = heads, head_dim, disable_recompute
+        self.segment_size = segment_size
         self.proj = torch.nn.Linear(hidden, heads * (4 * head_dim + 1))
         self.A_log = torch.nn.Parameter(torch.zeros(heads))
         self.dt_bias = torch.nn.Parameter(torch.zeros(heads * head_dim))
@@ -132,22 +133,23 @@ class TinyKDA(torch.nn.Module):
         shape = (B, T, H, D)
         o, _ = fkt.chunk_kda(q.reshape(shape), k.reshape(shape), v.reshape(shape), g.reshape(shape), beta,
                              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                             A_log=self.A_log, dt_bias=self.dt_bias, disable_recompute=self.disable_recompute)
+                             A_log=self.A_log, dt_bias=self.dt_bias, disable_recompute=self.disable_recompute,
+                             segment_size=self.segment_size)
         return self.out(o.reshape(B, T, H * D))
 
 
 # CPU: the AOT-autograd path without code generation; GPU: the default inductor backend. With
 # disable_recompute the forward op also returns the workspace the backward reads (CUDA), whose size
 # the fake implementation leaves data-dependent.
-@pytest.mark.parametrize("disable_recompute", [False, True])
+@pytest.mark.parametrize("disable_recompute,segment_size", [(False, None), (True, None), (False, 64)])
 @pytest.mark.parametrize("device,backend", [
     ("cpu", "aot_eager"),
     pytest.param("cuda", "inductor", marks=pytest.mark.skipif(
         not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend")),
 ])
-def test_torch_compile_fullgraph_matches_eager(device, backend, disable_recompute):
+def test_torch_compile_fullgraph_matches_eager(device, backend, disable_recompute, segment_size):
     torch.manual_seed(0)
-    model = TinyKDA(disable_recompute=disable_recompute).to(device)
+    model = TinyKDA(disable_recompute=disable_recompute, segment_size=segment_size).to(device)
     x = torch.randn(2, 70, 32, device=device)
     eager_out = model(x)
     eager_grads = torch.autograd.grad(eager_out.square().sum(), list(model.parameters()))
