@@ -253,11 +253,14 @@ def _call_kwargs(x: dict, config: Config) -> dict:
     return kw
 
 
-def ours_fn(backend: str):
+def ours_fn(backend: str, extra: dict):
+    """Our chunk_kda; `extra` holds the options FLA does not have (segment_size) or that only ours
+    is asked for (disable_recompute)."""
     from . import chunk_kda
 
     def call(x, config):
-        return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], backend=backend, **_call_kwargs(x, config))
+        return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], backend=backend, **_call_kwargs(x, config),
+                         **extra)
     return call
 
 
@@ -605,7 +608,9 @@ def render_markdown(data: dict) -> str:
         f"- protocol: {proto.get('timer')}, {proto.get('warmup')} warm-ups, median of {proto.get('reps')} reps, "
         f"{proto.get('flush_mib')} MiB L2 flush; dtype {proto.get('dtype')}, K=V={proto.get('dim')}, "
         f"T scale {proto.get('scale')}; forward timed with autograd recording (a training forward)",
-        "- speedup = FLA ms / ours ms (above 1: ours faster); peak = extra GB allocated above the inputs",
+        "- speedup = FLA ms / ours ms (above 1: ours faster); peak = extra GB allocated above the inputs"
+        + (f"; ours with {', '.join(f'{k}={v}' for k, v in proto['ours_options'].items())}"
+           if proto.get("ours_options") else ""),
         "",
         "| shape | config | ours fwd ms | FLA fwd ms | fwd speedup | ours fwd+bwd ms | FLA fwd+bwd ms | "
         "fwd+bwd speedup | ours peak GB fwd / fwd+bwd | FLA peak GB fwd / fwd+bwd |",
@@ -826,6 +831,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", type=pathlib.Path, help="PNG path (default: --out with .png)")
     p.add_argument("--no-png", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--segment-size", type=int, help="ours only: chunk_kda(segment_size=N), the call run in "
+                                                    "segments of N tokens (a multiple of 64)")
+    p.add_argument("--disable-recompute", action="store_true",
+                   help="ours only: chunk_kda(disable_recompute=True), the forward's intermediates kept")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="start no new shape after this many seconds (0: no limit); results so far are kept")
     p.add_argument("--git-commit", default=os.environ.get("FKT_GIT_COMMIT"),
@@ -878,6 +887,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             fla_reason = "FLA's chunk_kda needs Triton on a CUDA device"
         else:
             fla_call, fla_reason = fla_fn()
+    ours_options = {}
+    if args.segment_size is not None:
+        ours_options["segment_size"] = args.segment_size
+    if args.disable_recompute:
+        ours_options["disable_recompute"] = True
     env = environment(device)
     env["fla"] = _version("fla") if fla_call is not None else None
     data = dict(
@@ -889,7 +903,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       dtype=args.dtype, dim=args.dim, scale=args.scale, chunk_size=64, seed=args.seed,
                       forward="timed with autograd recording (inputs require grad), as in training",
                       backward="torch.autograd.grad of (o, final_state) with random do, dht for every input",
-                      peak="torch.cuda.max_memory_allocated minus memory_allocated before the call"),
+                      peak="torch.cuda.max_memory_allocated minus memory_allocated before the call",
+                      ours_options=ours_options),
         configs={c.name: dict(description=c.description, **c.options()) for c in configs},
         fla_status=None if fla_call is not None else fla_reason,
         results=[],
@@ -927,7 +942,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     row[who] = dict(status="unavailable", reason=fla_reason)
                     continue
                 progress.step(f"{label}: {who}")
-                call = ours_fn(args.backend) if who == "ours" else fla_call
+                call = ours_fn(args.backend, ours_options) if who == "ours" else fla_call
                 row[who] = measure(dev, call, x, leaves, config, args, gold)
                 row[who]["achieved_tbps"] = {scope: _rate(traffic[scope], row[who].get(f"{scope}_ms"))
                                              for scope in traffic}

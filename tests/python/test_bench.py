@@ -93,3 +93,18 @@ def test_png_from_json(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = bench.render_markdown(data)
     assert "2.50x" in md and "unsupp." in md and "ValueError: x" in md
+
+
+def test_ours_only_options_are_recorded(tmp_path):
+    """--segment-size and --disable-recompute reach our call only, and the report says so."""
+    out = tmp_path / "r.json"
+    assert bench.main(["--shapes", "B1_T200_H2,varlen100x2_H2", "--dim", "16", "--device", "cpu", "--reps", "1",
+                       "--warmup", "0", "--segment-size", "64", "--disable-recompute", "--out", str(out),
+                       "--no-png"]) == 0
+    data = json.loads(out.read_text())
+    assert data["protocol"]["ours_options"] == {"segment_size": 64, "disable_recompute": True}
+    for r in data["results"]:
+        assert r["ours"]["status"] == "ok" and max(r["ours"]["errors"].values()) < 1e-2, r["ours"]
+    assert "ours with segment_size=64, disable_recompute=True" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--segment-size", "x"])
