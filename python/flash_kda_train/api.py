@@ -53,8 +53,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``segment_size`` (tokens, a multiple of the chunk size) runs the op on consecutive segments of
     the tokens (of every batch row, or of the packed sequences), a sequence cut by a segment
     boundary continuing in the next segment from the state it left (exact: cuts fall on chunk
-    boundaries, so the chunks and the fp32 state are those of one call), so the workspace of a
-    call, which grows with its tokens, is that of one segment; autograd runs the segments'
+    boundaries, so the chunks and the fp32 state are those of one call), so the CUDA workspace,
+    which grows with the tokens of a call, is that of one segment; autograd runs the segments'
     backwards in turn.
     It trades a little time (more launches, a concatenation of o and of the gradients) for memory;
     with B > 1 the segments of the inputs are copied (the op reads contiguous tensors), and with

@@ -1,8 +1,8 @@
 """``chunk_kda(..., segment_size=N)``: the op run on consecutive token segments, the fp32 state of a
 sequence cut by a segment boundary carried into the next segment (docs/design.md, "What backward
 needs from forward, and the workspace"). Cuts fall on chunk boundaries of the sequence they cut,
-so the chunks, and the result, are those of one call, while the workspace, which grows with the
-tokens of a call, is one segment's. Autograd runs the segments' backwards in turn.
+so the chunks, and the result, are those of one call, while the CUDA workspace, which grows with
+the tokens of a call, is one segment's. Autograd runs the segments' backwards in turn.
 """
 
 from __future__ import annotations
