@@ -38,3 +38,17 @@ def rel_rms(x, ref):
 
 LEAVES = [("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"), ("dbeta", "beta"), ("dA_log", "A_log"),
           ("ddt_bias", "dt_bias"), ("dh0", "initial_state")]
+
+
+def capture_graph(step):
+    """(graph, what step returned during capture): step warmed up once on a side stream (outside
+    capture, as torch.cuda.graph asks), then captured in a CUDA graph on the current device."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import LEAVES, make_inputs, rel_rms
+from kda_cases import LEAVES, capture_graph, make_inputs, rel_rms
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
                                 reason="needs a CUDA GPU and a library built with the CUDA backend")
@@ -113,14 +113,7 @@ def test_forward_backward_in_one_cuda_graph():
         o.backward(do)
         return [o.detach()] + [static[n].grad for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step)
     fresh = make_inputs(requires_grad=False, B=2, T=130, H=2, HV=4, K=64, V=64, gate_in_kernel=True)
     with torch.no_grad():
         for name, t in fresh.items():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import flash_kda_train as fkt
 from flash_kda_train import _core, cp
-from kda_cases import rel_rms
+from kda_cases import capture_graph, rel_rms
 from test_cp import CASES, check_errors, run_world
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
@@ -132,14 +132,7 @@ def test_summaries_and_fold_capture_in_a_cuda_graph():
         state = cp.fold(torch.stack([fwd, fwd]), 0, 2, False, False, torch.empty(4, 64, 64, device="cuda"))
         return fwd, bwd, state
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step)
     d_o.copy_(torch.randn_like(d_o))
     graph.replay()
     eager = step()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import make_inputs, rel_rms
+from kda_cases import capture_graph, make_inputs, rel_rms
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
                                 reason="needs a CUDA GPU and a library built with the CUDA backend")
@@ -80,14 +80,7 @@ def test_cuda_graph_replay_with_new_inputs():
                              initial_state=static["initial_state"], A_log=static["A_log"], dt_bias=static["dt_bias"],
                              **kw)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o_graph, ht_graph = step()
+    graph, (o_graph, ht_graph) = capture_graph(step)
     fresh = make_inputs(requires_grad=False, B=2, T=130, H=2, HV=4, K=64, V=64, gate_in_kernel=True)
     for name, t in fresh.items():
         if t is not None:
