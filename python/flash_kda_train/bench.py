@@ -7,8 +7,8 @@ calls, median of the repetitions, a 512 MiB buffer zeroed before each repetition
 peak extra memory (``torch.cuda.max_memory_allocated`` above the inputs) of one forward and of one
 forward+backward; the achieved bandwidth (the minimum traffic of the call over its time) next to the
 device's copy rate measured in the same run; optionally the relative RMS error of every output and
-gradient against the fp64 gold and a per-kernel profile. Results go to a JSON file (the artifact), with a markdown table
-and a PNG plot generated from it (``--report FILE.json`` regenerates both).
+gradient against the fp64 gold and a per-kernel profile. Results go to a JSON file (the artifact),
+with a markdown table and a PNG plot generated from it (``--report FILE.json`` regenerates both).
 
 Speedup is FLA's time divided by ours: above 1 means ours is faster.
 """
@@ -235,9 +235,9 @@ def minimum_traffic_bytes(x: dict, leaves: List[str]) -> Dict[str, int]:
     dht, and writes o, the final state and one gradient per input."""
     def nbytes(t: torch.Tensor) -> int:
         return t.numel() * t.element_size()
-    inputs = sum(nbytes(x[n]) for n in leaves)
-    outputs = nbytes(x["do"]) + nbytes(x["dht"])  # o and the final state have their shapes and dtypes
-    return dict(fwd=inputs + outputs, fwd_bwd=2 * inputs + 2 * outputs + inputs)
+    inputs = sum(nbytes(x[n]) for n in leaves)  # the gradients have the same sizes
+    outputs = nbytes(x["do"]) + nbytes(x["dht"])  # o and the final state have the sizes of do and dht
+    return dict(fwd=inputs + outputs, fwd_bwd=2 * inputs + outputs + outputs + inputs)
 
 
 # --------------------------------------------------------------------------------------------
