@@ -75,7 +75,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if cu_seqlens is not None:
             host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
             offsets = [int(o) for o in host.tolist()] if host.dim() == 1 else None
-        if _segments_apply(q, segment_size, cu_seqlens, offsets):
+        if _segments.applies(q, segment_size, cu_seqlens, offsets):
             def op(q_s, k_s, v_s, g_s, beta_s, state, seg_cu, seg_host):
                 return _op(cfg, q_s, k_s, v_s, g_s, beta_s, A_log, dt_bias, state, seg_cu, seg_host, True)
             return _segments.run(op, segment_size, cfg.chunk_size, q, k, v, g, beta, initial_state,
@@ -115,17 +115,6 @@ def _check_segment_size(segment_size, cfg, cp_context, return_intermediate_state
         raise ValueError("segment_size: not with cp_context (each rank already holds a slice of the tokens)")
     if return_intermediate_states:
         raise ValueError("segment_size: not with return_intermediate_states")
-
-
-def _segments_apply(q, segment_size, cu_seqlens, offsets) -> bool:
-    """Whether the call has more than one segment's tokens. Inputs the op refuses (wrong rank,
-    malformed offsets) go to it whole, for its error message."""
-    if q.dim() != 4 or q.shape[1] <= segment_size:
-        return False
-    if cu_seqlens is None:
-        return True
-    return offsets is not None and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == q.shape[1] and \
-        all(a <= b for a, b in zip(offsets, offsets[1:])) and q.shape[0] == 1
 
 
 @dataclasses.dataclass

@@ -27,6 +27,17 @@ def plan(offsets: Sequence[int], segment_size: int, chunk: int) -> List[Tuple[in
     return ranges
 
 
+def applies(q, segment_size: int, cu_seqlens, offsets: Optional[Sequence[int]]) -> bool:
+    """Whether a call holds more than one segment's tokens. Inputs the op refuses (wrong rank,
+    malformed offsets, packed with B > 1) go to it whole, for its error message."""
+    if q.dim() != 4 or q.shape[1] <= segment_size:
+        return False
+    if cu_seqlens is None:
+        return True
+    return offsets is not None and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == q.shape[1] and \
+        all(a <= b for a, b in zip(offsets, offsets[1:])) and q.shape[0] == 1
+
+
 def _members(offsets: Sequence[int], ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     """For each range, the sequences [first, last] it holds tokens of; an empty sequence goes with
     the range its offset falls in (the last range for one at the end)."""
@@ -48,10 +59,7 @@ def run(op: Callable, segment_size: int, chunk: int, q, k, v, g, beta, initial_s
     (o, final_state). Dense inputs [B, T, ...] are cut along T for every batch row (pieces of
     batched inputs are strided and go to op contiguous); packed inputs (cu_seqlens, B = 1) along
     their tokens, with per-segment offsets computed on the device from cu_seqlens."""
-    if cu_seqlens is None:
-        ranges = plan([0, q.shape[1]], segment_size, chunk)
-    else:
-        ranges = plan(offsets, segment_size, chunk)
+    ranges = plan([0, q.shape[1]] if cu_seqlens is None else offsets, segment_size, chunk)
     sizes = [t1 - t0 for t0, t1 in ranges]
     pieces = [[p.contiguous() for p in torch.split(x, sizes, dim=1)] for x in (q, k, v, g, beta)]
     if cu_seqlens is None:

@@ -127,36 +127,28 @@ double entering_share(const Config& c, const Tensor& X, const Tensor& states, in
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describe(c.cfg) << ")"; }
 
-Config base_config() {
-  Config c;
-  c.B = 2, c.T = 100, c.H = 1, c.HV = 2, c.K = 16, c.V = 8;
-  c.gate = Gate::kSoftplus, c.A_log = true, c.dt_bias = true;
-  c.beta = BetaAct::kSigmoid, c.l2norm = true;
-  return c;
-}
-
 std::vector<Case> cases() {
   std::vector<Case> out;
-  Config c = base_config();
+  Config c = realistic_config(100);
   out.push_back({"DenseSoftplusGVA", c});
-  c = base_config(), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.seed = 2;
+  c = realistic_config(100), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.seed = 2;
   c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.beta = BetaAct::kPlain, c.l2norm = false;
   out.push_back({"VarlenRaggedPrecomputed", c});
-  c = base_config(), c.B = 1, c.T = 130, c.cu_seqlens = {0, 64, 65, 130}, c.chunk = 32, c.state_v_first = true;
+  c = realistic_config(100), c.B = 1, c.T = 130, c.cu_seqlens = {0, 64, 65, 130}, c.chunk = 32, c.state_v_first = true;
   c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.l2norm = false, c.seed = 3;
   out.push_back({"VarlenChunk32VFirst", c});
   c.g_mask_p = 0.3, c.seed = 33;  // log decays of -1000 (complete forgetting) and 0 (none)
   out.push_back({"VarlenChunk32VFirstExtremeGates", c, false});
-  c = base_config(), c.seed = 34;
+  c = realistic_config(100), c.seed = 34;
   out.push_back({"DenseSoftplusGVAStrongDecay", c, false});
-  c = base_config(), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -5, c.safe_gate = true, c.seed = 4;
+  c = realistic_config(100), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -5, c.safe_gate = true, c.seed = 4;
   c.beta = BetaAct::kTwoSigmoid;
   out.push_back({"SafeGateTwoSigmoid", c});
-  c = base_config(), c.K = 5, c.V = 11, c.H = 2, c.HV = 4, c.T = 70, c.seed = 5;
+  c = realistic_config(100), c.K = 5, c.V = 11, c.H = 2, c.HV = 4, c.T = 70, c.seed = 5;
   out.push_back({"OddDimsKLessThanV", c});
-  c = base_config(), c.dtype = DT::kF32, c.seed = 6;
+  c = realistic_config(100), c.dtype = DT::kF32, c.seed = 6;
   out.push_back({"Float32", c});
-  c = base_config(), c.dtype = DT::kBF16, c.fp32_g_beta = true, c.seed = 7, c.state_v_first = true;
+  c = realistic_config(100), c.dtype = DT::kBF16, c.fp32_g_beta = true, c.seed = 7, c.state_v_first = true;
   out.push_back({"BFloat16VFirst", c});
   return out;
 }
@@ -259,17 +251,17 @@ void check_pieces(Config c, const std::vector<int64_t>& cuts) {
 }
 
 TEST(CpFold, PiecesOfOneSequenceComposeToTheWholeSequence) {
-  Config c = base_config();
+  Config c = realistic_config(100);
   c.T = 200;
   check_pieces(c, {0, 37, 50, 128, 200});  // cuts inside chunks, a piece shorter than a chunk, an aligned cut
   c.state_v_first = true, c.chunk = 32, c.seed = 9;
   check_pieces(c, {0, 1, 100, 101, 200});  // single-token pieces
-  c = base_config(), c.T = 150, c.dtype = DT::kF32, c.seed = 10;
+  c = realistic_config(100), c.T = 150, c.dtype = DT::kF32, c.seed = 10;
   check_pieces(c, {0, 50, 100, 150});
 }
 
 TEST(CpSummary, EmptySequenceIsTheIdentityMap) {
-  Config c = base_config();
+  Config c = realistic_config(100);
   c.B = 1, c.T = 20, c.cu_seqlens = {0, 5, 5, 20};
   Instance in = make_instance(c);
   for (bool backward : {false, true}) {
@@ -285,7 +277,7 @@ TEST(CpSummary, EmptySequenceIsTheIdentityMap) {
 }
 
 TEST(CpFold, NoRanksGiveAZeroState) {
-  Config c = base_config();
+  Config c = realistic_config(100);
   Instance in = make_instance(c);
   const Tensor fwd = gathered(in, false);
   for (double x : fold(in, fwd, 1, 0, FKT_CP_FORWARD).values()) EXPECT_EQ(x, 0.0);
@@ -298,7 +290,7 @@ std::string error_of(int status) {
 }
 
 TEST(CpValidation, BadArgumentsAreNamed) {
-  Config c = base_config();
+  Config c = realistic_config(100);
   c.B = 1, c.T = 20, c.cu_seqlens = {0, 5, 20};
   Instance in = make_instance(c);
   fkt_inputs x = in.inputs();
@@ -325,7 +317,7 @@ TEST(CpValidation, BadArgumentsAreNamed) {
   Tensor bad_do(DT::kF64, {1, 19, c.HV, c.V});
   EXPECT_THAT(error_of(fkt_cp_backward_summary(&x, &in.opt, bad_do.raw(), 0, good.raw(), ws.raw(), nullptr)),
               HasSubstr("d_o: expected the shape of o [1, 20, 2, 8], got [1, 19, 2, 8]"));
-  Config dense = base_config();
+  Config dense = realistic_config(100);
   Instance cuda_in = make_instance(dense);
   for (Tensor* t : {&cuda_in.q, &cuda_in.k, &cuda_in.v, &cuda_in.g, &cuda_in.beta, &cuda_in.A_log, &cuda_in.dt_bias,
                     &cuda_in.h0}) {

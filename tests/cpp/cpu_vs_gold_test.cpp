@@ -40,83 +40,73 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describe(c.cfg) << ")"; }
 
-// The realistic default: GVA, K != V, in-kernel softplus gate with A_log and dt_bias, beta logits,
-// l2norm in the op, initial and final state, dense B = 2.
-Config base_config() {
-  Config c;
-  c.B = 2, c.T = 65, c.H = 1, c.HV = 2, c.K = 16, c.V = 8;
-  c.gate = Gate::kSoftplus, c.A_log = true, c.dt_bias = true;
-  c.beta = BetaAct::kSigmoid, c.l2norm = true;
-  return c;
-}
-
 std::vector<Case> feature_cases() {
   std::vector<Case> cases;
   auto add = [&](const std::string& name, Config c) { cases.push_back({name, c}); };
   // T grid, chunk boundaries (not multiples of the chunk, exact multiples, single token).
   for (int64_t T : {1, 31, 63, 64, 65, 130}) {
-    Config c = base_config();
+    Config c = realistic_config(65);
     c.T = T;
     c.seed = static_cast<uint32_t>(100 + T);
     add("T" + std::to_string(T), c);
   }
   Config c;
   // Gate modes.
-  c = base_config(), c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.l2norm = false;
+  c = realistic_config(65), c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.l2norm = false;
   c.beta = BetaAct::kPlain, c.H = 2, c.HV = 2, c.K = c.V = 16, c.T = 70, c.seed = 2;
   add("PrecomputedGatePlainBeta", c);
-  c = base_config(), c.dt_bias = false, c.seed = 3;
+  c = realistic_config(65), c.dt_bias = false, c.seed = 3;
   add("SoftplusNoBias", c);
-  c = base_config(), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -3, c.seed = 4;
+  c = realistic_config(65), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -3, c.seed = 4;
   add("BoundedSigmoidAlogBias", c);
-  c = base_config(), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -3, c.A_log = false, c.seed = 5;
+  c = realistic_config(65), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -3, c.A_log = false, c.seed = 5;
   add("BoundedSigmoidNoAlog", c);
-  c = base_config(), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -5, c.A_log = false, c.dt_bias = false;
+  c = realistic_config(65), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -5, c.A_log = false, c.dt_bias = false;
   c.safe_gate = true, c.seed = 6;
   add("SafeGateBoundedSigmoidNoAlogNoBias", c);
-  c = base_config(), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -0.1, c.seed = 7;
+  c = realistic_config(65), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -0.1, c.seed = 7;
   add("BoundedSigmoidLowerBoundNearZero", c);
   // Beta modes.
-  c = base_config(), c.beta = BetaAct::kPlain, c.seed = 8;
+  c = realistic_config(65), c.beta = BetaAct::kPlain, c.seed = 8;
   add("PlainBeta", c);
-  c = base_config(), c.beta = BetaAct::kTwoSigmoid, c.seed = 9;
+  c = realistic_config(65), c.beta = BetaAct::kTwoSigmoid, c.seed = 9;
   add("AllowNegEigval", c);
   // l2norm off (k normalised by the caller), GVA, head dims, scale.
-  c = base_config(), c.l2norm = false, c.seed = 10;
+  c = realistic_config(65), c.l2norm = false, c.seed = 10;
   add("NoL2norm", c);
-  c = base_config(), c.K = 8, c.V = 24, c.H = 2, c.HV = 4, c.seed = 11;
+  c = realistic_config(65), c.K = 8, c.V = 24, c.H = 2, c.HV = 4, c.seed = 11;
   add("K8V24GVA", c);
-  c = base_config(), c.K = 16, c.V = 8, c.H = 2, c.HV = 2, c.seed = 12;
+  c = realistic_config(65), c.K = 16, c.V = 8, c.H = 2, c.HV = 2, c.seed = 12;
   add("K16V8NoGVA", c);
-  c = base_config(), c.K = 64, c.V = 32, c.B = 1, c.T = 100, c.HV = 1, c.seed = 13;
+  c = realistic_config(65), c.K = 64, c.V = 32, c.B = 1, c.T = 100, c.HV = 1, c.seed = 13;
   add("K64V32", c);
-  c = base_config(), c.K = 256, c.V = 4, c.B = 1, c.T = 40, c.HV = 1, c.seed = 14;
+  c = realistic_config(65), c.K = 256, c.V = 4, c.B = 1, c.T = 40, c.HV = 1, c.seed = 14;
   add("K256", c);
-  c = base_config(), c.K = 5, c.V = 3, c.seed = 15;
+  c = realistic_config(65), c.K = 5, c.V = 3, c.seed = 15;
   add("OddDims", c);
-  c = base_config(), c.scale = 0.37, c.seed = 16;
+  c = realistic_config(65), c.scale = 0.37, c.seed = 16;
   add("Scale", c);
   // States.
-  c = base_config(), c.h0 = false, c.final_state = false, c.d_final_state = false, c.seed = 17;
+  c = realistic_config(65), c.h0 = false, c.final_state = false, c.d_final_state = false, c.seed = 17;
   add("NoStates", c);
-  c = base_config(), c.h0 = false, c.seed = 18;
+  c = realistic_config(65), c.h0 = false, c.seed = 18;
   add("NoInitialState", c);
-  c = base_config(), c.final_state = false, c.d_final_state = false, c.seed = 19;
+  c = realistic_config(65), c.final_state = false, c.d_final_state = false, c.seed = 19;
   add("InitialStateNoFinalState", c);
-  c = base_config(), c.d_final_state = false, c.seed = 20;
+  c = realistic_config(65), c.d_final_state = false, c.seed = 20;
   add("FinalStateWithoutItsGradient", c);
-  c = base_config(), c.state_v_first = true, c.seed = 21;
+  c = realistic_config(65), c.state_v_first = true, c.seed = 21;
   add("StateVFirst", c);
-  c = base_config(), c.disable_recompute = true, c.seed = 22;
+  c = realistic_config(65), c.disable_recompute = true, c.seed = 22;
   add("DisableRecompute", c);
   // Varlen.
-  c = base_config(), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.seed = 23;
+  c = realistic_config(65), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.seed = 23;
   add("VarlenRagged", c);
-  c = base_config(), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.cu_dtype = DT::kI32;
+  c = realistic_config(65), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.cu_dtype = DT::kI32;
   c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.l2norm = false, c.h0 = false, c.seed = 24;
   c.state_v_first = true;
   add("VarlenRaggedInt32PrecomputedNoH0VFirst", c);
-  c = base_config(), c.B = 1, c.T = 130, c.cu_seqlens = {0, 64, 65, 130, 130}, c.seed = 25;
+  c = realistic_config(65), c.B = 1, c.T = 130, c.cu_seqlens = {0, 64, 65, 130, 130}, c.seed = 25;
   c.gate = Gate::kBoundedSigmoid, c.beta = BetaAct::kTwoSigmoid;
   add("VarlenChunkAligned", c);
   return cases;
@@ -147,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(
 class CpuVsGoldExtremes : public ::testing::TestWithParam<int> {};
 
 TEST_P(CpuVsGoldExtremes, Fp64) {
-  Config c = base_config();
+  Config c = realistic_config(65);
   c.chunk = GetParam();
   c.dtype = DT::kF64;
   c.T = 100;
@@ -162,7 +152,7 @@ TEST_P(CpuVsGoldExtremes, Fp64) {
 
 // fp32 with saturating raw gates (no -1000 masks): still within the fp32 bound.
 TEST_P(CpuVsGoldExtremes, Fp32SaturatedGates) {
-  Config c = base_config();
+  Config c = realistic_config(65);
   c.chunk = GetParam();
   c.dtype = DT::kF32;
   c.T = 100;
@@ -187,21 +177,21 @@ TEST_P(CpuVsGoldLowPrecision, AllOutputsAndGradients) {
 
 std::vector<Case> low_precision_cases() {
   std::vector<Case> cases;
-  Config c = base_config();
+  Config c = realistic_config(65);
   c.T = 130;
   cases.push_back({"Softplus", c});
-  c = base_config(), c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.l2norm = false;
+  c = realistic_config(65), c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false, c.l2norm = false;
   c.beta = BetaAct::kPlain, c.chunk = 32, c.T = 100, c.seed = 61;
   cases.push_back({"PrecomputedGateC32", c});
-  c = base_config(), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -5, c.safe_gate = true;
+  c = realistic_config(65), c.gate = Gate::kBoundedSigmoid, c.lower_bound = -5, c.safe_gate = true;
   c.beta = BetaAct::kTwoSigmoid, c.seed = 62;
   cases.push_back({"SafeGateNegEig", c});
-  c = base_config(), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.K = 8, c.V = 24;
+  c = realistic_config(65), c.B = 1, c.T = 165, c.cu_seqlens = {0, 1, 17, 17, 100, 165}, c.K = 8, c.V = 24;
   c.state_v_first = true, c.seed = 63;
   cases.push_back({"VarlenVFirst", c});
-  c = base_config(), c.fp32_g_beta = true, c.T = 100, c.seed = 64;
+  c = realistic_config(65), c.fp32_g_beta = true, c.T = 100, c.seed = 64;
   cases.push_back({"Fp32GateAndBeta", c});
-  c = base_config(), c.fp32_g_beta = true, c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false;
+  c = realistic_config(65), c.fp32_g_beta = true, c.gate = Gate::kPrecomputed, c.A_log = c.dt_bias = false;
   c.beta = BetaAct::kPlain, c.T = 100, c.seed = 65;
   cases.push_back({"Fp32PrecomputedGateAndBeta", c});
   return cases;

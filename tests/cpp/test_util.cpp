@@ -161,6 +161,14 @@ Tensor padded_view(const Tensor& src, int64_t pad) {
 // ---------------------------------------------------------------------------------------------------
 // Problems
 
+Config realistic_config(int64_t T) {
+  Config c;
+  c.B = 2, c.T = T, c.H = 1, c.HV = 2, c.K = 16, c.V = 8;
+  c.gate = Gate::kSoftplus, c.A_log = true, c.dt_bias = true;
+  c.beta = BetaAct::kSigmoid, c.l2norm = true;
+  return c;
+}
+
 std::string describe(const Config& c) {
   std::ostringstream s;
   s << dt_name(c.dtype) << " B" << c.B << " T" << c.T << " H" << c.H << " HV" << c.HV << " K" << c.K << " V" << c.V

@@ -105,6 +105,10 @@ struct Config {
 
 std::string describe(const Config& c);
 
+// The realistic default of the feature tests: GVA, K != V, in-kernel softplus gate with A_log and
+// dt_bias, beta logits, l2norm in the op, initial and final state, dense B = 2 with T tokens.
+Config realistic_config(int64_t T);
+
 // One random problem: inputs, upstream gradients and options.
 struct Instance {
   Config cfg;
