@@ -75,8 +75,12 @@ def test_gradients_match_gold_like_cpu(case):
         assert err_cuda <= 4 * err_cpu + 1e-6, (name, err_cuda, err_cpu)
 
 
-@pytest.mark.parametrize("dtype,bound", [(torch.bfloat16, 4e-3), (torch.float16, 1e-3)])
-def test_low_precision_gradients_match_gold(dtype, bound):
+# (bound of the per-token gradients, bound of the fp32 ones: dh0, dA_log, ddt_bias). float16 inputs
+# run split 3xTF32 products; bfloat16 inputs single TF32 products (docs/design.md), whose fp32
+# gradients stay below FLA's on bfloat16 (dh0 1.7e-3, dA_log 4.5e-3, ddt_bias 6.8e-3 in the
+# benchmark's gold comparison).
+@pytest.mark.parametrize("dtype,bound,fp32_bound", [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 1e-4)])
+def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound):
     case = dict(B=1, T=300, H=2, HV=4, K=64, V=64, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True,
                 lower_bound=-5.0, safe_gate=True)
     cuda, x, opts, gin = run(case, "cuda", dtype)
@@ -87,7 +91,7 @@ def test_low_precision_gradients_match_gold(dtype, bound):
     for name in ("dq", "dk", "dv", "dg", "dbeta"):
         assert rel_rms(cuda[name], getattr(gold, name)) < bound, name
     for name in ("dh0", "dA_log", "ddt_bias"):
-        assert rel_rms(cuda[name], getattr(gold, name)) < 1e-4, name
+        assert rel_rms(cuda[name], getattr(gold, name)) < fp32_bound, name
 
 
 def test_backward_is_deterministic():

@@ -48,13 +48,20 @@ def test_forward_matches_cpu_backend(case, poisoned):
     assert rel_rms(o, o_cpu) < 1e-5 and rel_rms(ht, ht_cpu) < 1e-5, (rel_rms(o, o_cpu), rel_rms(ht, ht_cpu))
 
 
-@pytest.mark.parametrize("dtype,bound", [(torch.bfloat16, 4e-3), (torch.float16, 1e-3)])
+# (o bound, fp32 final-state bound). float16 inputs run split 3xTF32 products, so the fp32 state keeps
+# fp32 accuracy; bfloat16 inputs run single TF32 products (2^-11 per operand, docs/design.md), still
+# below FLA's final-state error on bfloat16 (2.4e-3 in the benchmark's gold comparison).
+LOW_PRECISION_BOUNDS = [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 2e-5)]
+
+
+@pytest.mark.parametrize("dtype,bound,state_bound", LOW_PRECISION_BOUNDS)
 @pytest.mark.parametrize("case", [CASES[1], CASES[5]], ids=["gate-l2norm-gva", "varlen"])
-def test_low_precision_forward_matches_gold(case, dtype, bound):
+def test_low_precision_forward_matches_gold(case, dtype, bound, state_bound):
     o, ht, x, kw, opts = run(case, "cuda", dtype)
     gold_o, gold_ht, _ = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw,
                                             **{k: v for k, v in opts.items() if k != "output_final_state"})
-    assert rel_rms(o, gold_o) < bound and rel_rms(ht, gold_ht) < 2e-5, (rel_rms(o, gold_o), rel_rms(ht, gold_ht))
+    errors = rel_rms(o, gold_o), rel_rms(ht, gold_ht)
+    assert errors[0] < bound and errors[1] < state_bound, errors
 
 
 def test_intermediate_states_match_cpu():

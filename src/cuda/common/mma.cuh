@@ -1,8 +1,11 @@
-// Warp-level tensor-core products on fp32 data: mma.sync m16n8k8 with TF32 operands, each operand
-// split in two TF32 parts (x = hi + lo) and the three significant partial products accumulated in
-// fp32 (lo*hi terms first). The result is close to an fp32 CUDA-core product (about 2^-21 relative
-// per term instead of TF32's 2^-11), so the kernels keep the CPU twin's error against the fp64
-// gold, at a fraction of the CUDA-core time.
+// Warp-level tensor-core products on fp32 data: mma.sync m16n8k8 with TF32 operands, in one of two
+// precisions (Products, chosen per call in launch.cuh):
+// - kSplit3: each operand split in two TF32 parts (x = hi + lo) and the three significant partial
+//   products accumulated in fp32 (lo*hi terms apart). Close to an fp32 CUDA-core product (about
+//   2^-21 relative per term instead of TF32's 2^-11), so the kernels keep the CPU twin's error
+//   against the fp64 gold, at a fraction of the CUDA-core time.
+// - kTf32: each operand rounded to TF32 once and one product: a third of the mma and none of the
+//   split arithmetic, 2^-11 relative per operand (bfloat16 inputs carry 2^-8 themselves).
 //
 // PTX ISA, "Matrix fragments for mma.m16n8k8" (.tf32): with g = lane / 4 and t = lane % 4,
 //   A (16 x 8, row):  a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
@@ -14,6 +17,8 @@
 
 namespace fkt::cuda {
 
+enum class Products { kSplit3, kTf32 };
+
 struct SplitTf32 {
   uint32_t hi, lo;
 };
@@ -24,11 +29,13 @@ struct SplitTf32 {
 // so NaN still reaches the product.
 __device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
-// x = hi + lo exactly (|lo| <= 2^-11 |x|); the mma reads lo's top 19 bits, so lo is truncated by the
-// hardware at no cost (error <= 2^-21 |x|).
+// kSplit3: x = hi + lo exactly (|lo| <= 2^-11 |x|); the mma reads lo's top 19 bits, so lo is
+// truncated by the hardware at no cost (error <= 2^-21 |x|). kTf32: hi only (lo unused).
+template <Products kP>
 __device__ __forceinline__ SplitTf32 split_tf32(float x) {
   const uint32_t hi = round_tf32(x);
-  return {hi, __float_as_uint(x - __uint_as_float(hi))};
+  if constexpr (kP == Products::kTf32) return {hi, 0u};
+  else return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -45,43 +52,50 @@ struct FragA {
   SplitTf32 x[4];
 };
 
-template <typename LoadA>
+template <Products kP, typename LoadA>
 __device__ __forceinline__ FragA load_frag_a(LoadA a, int k) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  return {{split_tf32(a(g, k + t)), split_tf32(a(g + 8, k + t)), split_tf32(a(g, k + t + 4)),
-           split_tf32(a(g + 8, k + t + 4))}};
+  return {{split_tf32<kP>(a(g, k + t)), split_tf32<kP>(a(g + 8, k + t)), split_tf32<kP>(a(g, k + t + 4)),
+           split_tf32<kP>(a(g + 8, k + t + 4))}};
 }
 
 // acc += A B for one 16 x 8 tile and one k-step, the B fragment given by its two split elements.
+template <Products kP>
 __device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, SplitTf32 x, SplitTf32 y) {
-  mma_tf32(acc, a.x[0].lo, a.x[1].lo, a.x[2].lo, a.x[3].lo, x.hi, y.hi);
-  mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.lo, y.lo);
+  if constexpr (kP == Products::kSplit3) {
+    mma_tf32(acc, a.x[0].lo, a.x[1].lo, a.x[2].lo, a.x[3].lo, x.hi, y.hi);
+    mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.lo, y.lo);
+  }
   mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.hi, y.hi);
 }
 
 // acc[n] += A[16, k_begin:k_end] B[k_begin:k_end, 8N] for one warp, over k-steps of 8 (the range
 // a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
 // coordinates, k absolute.
-// The lo*hi terms go to a second accumulator, added at the end: each accumulator's chain of
-// dependent mma is one or two per k-step instead of three.
-template <int N, typename LoadA, typename LoadB>
+// kSplit3: the lo*hi terms go to a second accumulator, added at the end: each accumulator's chain
+// of dependent mma is one or two per k-step instead of three.
+template <Products kP, int N, typename LoadA, typename LoadB>
 __device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   float low[N][4] = {};
   for (int k = k_begin; k < k_end; k += 8) {
-    const FragA fa = load_frag_a(a, k);
+    const FragA fa = load_frag_a<kP>(a, k);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      const SplitTf32 x = split_tf32(b(k + t, 8 * n + g)), y = split_tf32(b(k + t + 4, 8 * n + g));
-      mma_tf32(low[n], fa.x[0].lo, fa.x[1].lo, fa.x[2].lo, fa.x[3].lo, x.hi, y.hi);
-      mma_tf32(low[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.lo, y.lo);
+      const SplitTf32 x = split_tf32<kP>(b(k + t, 8 * n + g)), y = split_tf32<kP>(b(k + t + 4, 8 * n + g));
+      if constexpr (kP == Products::kSplit3) {
+        mma_tf32(low[n], fa.x[0].lo, fa.x[1].lo, fa.x[2].lo, fa.x[3].lo, x.hi, y.hi);
+        mma_tf32(low[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.lo, y.lo);
+      }
       mma_tf32(acc[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.hi, y.hi);
     }
   }
+  if constexpr (kP == Products::kSplit3) {
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
+    for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] += low[n][i];
+      for (int i = 0; i < 4; ++i) acc[n][i] += low[n][i];
+    }
   }
 }
 

@@ -1,8 +1,11 @@
 // Host helpers shared by the forward and backward launchers.
 #pragma once
 
+#include <type_traits>
+
 #include "core/error.hpp"
 #include "cuda/common/check.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/sm90/forward/params.hpp"
 #include "cuda/sm90/forward/state_config.hpp"
 
@@ -16,6 +19,22 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t str
   FKT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<grid, threads, smem, stream>>>(params);
   FKT_CUDA_CHECK(cudaGetLastError());
+}
+
+// The precision of a call's tensor-core products (common/mma.cuh): one TF32 product when the
+// inputs are bfloat16 (they carry 8 significant bits, a TF32 operand 11), split 3xTF32 for float16
+// and float32 inputs, whose results then match the CPU backend's to fp32 rounding. The
+// context-parallel summaries always take kSplit3 (an exact map of the entering state).
+inline Products products_for(const Problem& p) {
+  return p.input_dtype == DType::kBF16 ? Products::kTf32 : Products::kSplit3;
+}
+
+// The one place where the runtime choice becomes the kernels' template argument: calls
+// f(std::integral_constant<Products, ...>).
+template <typename F>
+void with_products(Products products, F f) {
+  if (products == Products::kTf32) f(std::integral_constant<Products, Products::kTf32>{});
+  else f(std::integral_constant<Products, Products::kSplit3>{});
 }
 
 // The inputs, options and shapes every stage reads; outputs are left null for the caller to set.
@@ -49,9 +68,9 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
 }
 
 // F1 to F3 (the chunk-local stages: chunk offsets, gamma, P, W, U, K_down, Q_up), on `stream`.
-void forward_local_stages(const Problem& p, const ForwardParams& params, void* stream);
+void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
-void forward_stages(const Problem& p, const ForwardParams& params, void* stream);
+void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened
 // columns) of the one sequence.

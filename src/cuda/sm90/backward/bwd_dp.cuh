@@ -22,6 +22,7 @@ struct DpConfig {
   static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (2 * C * ld_v(V) + C * ld_p(C)); }
 };
 
+template <Products kP>
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     const int R0 = task / (C / 32) * 16, c0 = task % (C / 32) * 32;
     float acc[4][4] = {};
     if (c0 < R0 + 16) {
-      warp_mma<4>(acc, 0, Vp, [&](int r, int e) { return d_o[(R0 + r) * ldv + e]; },
+      warp_mma<kP, 4>(acc, 0, Vp, [&](int r, int e) { return d_o[(R0 + r) * ldv + e]; },
                   [&](int e, int i) { return delta[(c0 + i) * ldv + e]; });
     }
     for_each_acc(acc, [&](int r, int i, float x) {
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   for (int task = warp; task < C / 16 * halves; task += DpConfig::kWarps) {
     const int I0 = task / halves * 16, c0 = task % halves * 64;
     float acc[8][4] = {};
-    warp_mma<8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },
+    warp_mma<kP, 8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },
                 [&](int r, int e) { return c0 + e < Vp ? d_o[r * ldv + c0 + e] : 0.f; });
     for_each_acc(acc, [&](int i, int e, float x) {
       const int row = I0 + i, col = c0 + e;

@@ -26,13 +26,26 @@ struct BwdIntraConfig {
   // 8 (mod 32) for dP, dA (read transposed as A fragments on the column side).
   __host__ __device__ static int ld_k(int K) { return padded(K) + 4; }
   __host__ __device__ static int ld_c(int C) { return C + 8; }
+  static constexpr int kLdScratch = kCols + 4;
   // fp32 shared memory: q_hat, k_hat, gamma * log2(e) [C, ld_k], dP and dA [C, ld_c], beta [C],
-  // dbeta parts [K / 32, C].
+  // dbeta parts [K / 32, C], a [16, kLdScratch] tile per warp.
   static size_t smem_bytes(int C, int K, int) {
-    return sizeof(float) * (3 * C * ld_k(K) + 2 * C * ld_c(C) + C + padded(K) / kCols * C);
+    return sizeof(float) * (3 * C * ld_k(K) + 2 * C * ld_c(C) + C + padded(K) / kCols * C + kWarps * 16 * kLdScratch);
   }
 };
 
+// A warp's 16 x 32 accumulator tile in column layout: lane c gets column c of the 16 rows.
+template <int N>
+__device__ __forceinline__ void to_columns(const float (&acc)[N][4], float (&column)[16], float* tile) {
+  constexpr int kLd = BwdIntraConfig::kLdScratch;
+  for_each_acc(acc, [&](int r, int c, float x) { tile[r * kLd + c] = x; });
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 16; ++r) column[r] = tile[r * kLd + threadIdx.x % 32];
+  __syncwarp();
+}
+
+template <Products kP>
 __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kCols = BwdIntraConfig::kCols, kN = kCols / 8;
   const ForwardParams& f = p.fwd;
@@ -47,6 +60,7 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
   float* dA = dP + C * ldc;      // [C, ldc] strictly lower
   float* beta = dA + C * ldc;    // [C]
   float* part = beta + C;        // [Kp / 32, C] sum_d k dk_rows over each warp's columns
+  float* scratch = part + Kp / kCols * C;  // [kWarps, 16, kLdScratch]
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
 
@@ -76,24 +90,24 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
     float dq_rows[kN][4] = {}, dk_rows[kN][4] = {}, dk_cols[kN][4] = {};
     // Row side, key rows i < R0: (dP, dA)[r, i] . (k_i exp(g_R0 - g_i)), then * exp(g_r - g_R0).
     for (int i0 = 0; i0 < R0; i0 += 8) {
-      const FragA fp = load_frag_a([&](int r, int i) { return dP[(R0 + r) * ldc + i]; }, i0);
-      const FragA fa = load_frag_a([&](int r, int i) { return dA[(R0 + r) * ldc + i]; }, i0);
+      const FragA fp = load_frag_a<kP>([&](int r, int i) { return dP[(R0 + r) * ldc + i]; }, i0);
+      const FragA fa = load_frag_a<kP>([&](int r, int i) { return dA[(R0 + r) * ldc + i]; }, i0);
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
         const int d = c0 + 8 * n + gq;
         const int i = i0 + t;
-        const SplitTf32 b0 = split_tf32(k[i * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[i * ldk + d]));
-        const SplitTf32 b1 = split_tf32(k[(i + 4) * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[(i + 4) * ldk + d]));
-        mma_split(dq_rows[n], fp, b0, b1);
-        mma_split(dk_rows[n], fa, b0, b1);
+        const SplitTf32 b0 = split_tf32<kP>(k[i * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[i * ldk + d]));
+        const SplitTf32 b1 = split_tf32<kP>(k[(i + 4) * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[(i + 4) * ldk + d]));
+        mma_split<kP>(dq_rows[n], fp, b0, b1);
+        mma_split<kP>(dk_rows[n], fa, b0, b1);
       }
     }
     // Column side, rows j past the sub-chunk: (dP, dA)[j, r] . (q_j, beta_j k_j) exp(g_j - g_last),
     // then * exp(g_last - g_r). Only when a row past the sub-chunk holds a token (so g_last does).
     if (last + 1 < l) {
       for (int j0 = last + 1; j0 < C; j0 += 8) {
-        const FragA fp = load_frag_a([&](int r, int j) { return dP[j * ldc + R0 + r]; }, j0);
-        const FragA fa = load_frag_a([&](int r, int j) { return dA[j * ldc + R0 + r]; }, j0);
+        const FragA fp = load_frag_a<kP>([&](int r, int j) { return dP[j * ldc + R0 + r]; }, j0);
+        const FragA fa = load_frag_a<kP>([&](int r, int j) { return dA[j * ldc + R0 + r]; }, j0);
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
           const int d = c0 + 8 * n + gq;
@@ -105,49 +119,64 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
             bq[h] = q[j * ldk + d] * e;
             bk[h] = beta[j] * k[j * ldk + d] * e;
           }
-          mma_split(dk_cols[n], fp, split_tf32(bq[0]), split_tf32(bq[1]));
-          mma_split(dk_cols[n], fa, split_tf32(bk[0]), split_tf32(bk[1]));
+          mma_split<kP>(dk_cols[n], fp, split_tf32<kP>(bq[0]), split_tf32<kP>(bq[1]));
+          mma_split<kP>(dk_cols[n], fa, split_tf32<kP>(bk[0]), split_tf32<kP>(bk[1]));
         }
       }
     }
-    // Scale the products, add the terms inside the sub-chunk and update B3's partials. The
-    // elements of one chunk and head belong to this block alone: no atomics.
-    float kdk[2] = {0.f, 0.f};  // rows g and g + 8 of the tile
+    // The rest runs in column layout: lane owns column d of the sub-chunk's 16 rows, so the terms
+    // inside the sub-chunk read their operands once per pair and the updates are coalesced. The
+    // products cross over through the warp's scratch tile.
+    float* tile = scratch + warp * 16 * BwdIntraConfig::kLdScratch;
+    float dq[16], dkr[16], dkc[16];
+    to_columns(dq_rows, dq, tile);
+    to_columns(dk_rows, dkr, tile);
+    to_columns(dk_cols, dkc, tile);
+    const int d = c0 + lane, rows = min(16, l - R0);
+    // Rows past the chunk's end take the last row's gamma: their exponentials stay <= 1 (their
+    // operands are zero), where gamma = 0 could overflow.
+    float gc[16], kc[16];
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
+    for (int r = 0; r < 16; ++r) {
+      gc[r] = g[(R0 + min(r, rows - 1)) * ldk + d];
+      kc[r] = k[(R0 + r) * ldk + d];
+    }
+    const bool has_cols = last + 1 < l;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = R0 + acc_row(j), d = c0 + acc_col(n, j), rr = r - R0;
-        if (r >= l || d >= K) continue;
-        const int64_t at = row_at(r) * K + d;
-        const float old_dq = p.ws.dq[at], old_dk = p.ws.dk[at], old_dgamma = p.ws.dgamma[at];  // in flight meanwhile
-        const float g_r = g[r * ldk + d];
-        float dq = dq_rows[n][j] * exp2_fast(g_r - g[R0 * ldk + d]);
-        float dkr = dk_rows[n][j] * exp2_fast(g_r - g[R0 * ldk + d]);
-        float dkc = last + 1 < l ? dk_cols[n][j] * exp2_fast(g[last * ldk + d] - g_r) : 0.f;
-        for (int m = 0; m < 16 && R0 + m < l; ++m) {
-          const int i = R0 + m;
-          const float e = exp2_fast(m <= rr ? g_r - g[i * ldk + d] : g[i * ldk + d] - g_r);
-          if (m <= rr) {
-            dq += dP[r * ldc + i] * k[i * ldk + d] * e;
-            dkr += dA[r * ldc + i] * k[i * ldk + d] * e;
-          }
-          if (m >= rr) dkc += (dP[i * ldc + r] * q[i * ldk + d] + dA[i * ldc + r] * beta[i] * k[i * ldk + d]) * e;
-        }
-        kdk[j >= 2] += k[r * ldk + d] * dkr;
-        dkr *= beta[r];
-        p.ws.dq[at] = old_dq + dq;
-        p.ws.dk[at] = old_dk + (dkr + dkc);
-        p.ws.dgamma[at] = old_dgamma + (q[r * ldk + d] * dq + k[r * ldk + d] * (dkr - dkc));
+    for (int r = 0; r < 16; ++r) {
+      const float up = exp2_fast(gc[r] - gc[0]);
+      dq[r] *= up;
+      dkr[r] *= up;
+      dkc[r] = has_cols ? dkc[r] * exp2_fast(gc[15] - gc[r]) : 0.f;
+    }
+    // Pairs (r, i <= r) inside the sub-chunk, one exponential each: the row side of r, the column
+    // side of i.
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float* p_row = dP + (R0 + r) * ldc + R0;
+      const float* a_row = dA + (R0 + r) * ldc + R0;
+      const float q_r = q[(R0 + r) * ldk + d], bk_r = beta[R0 + r] * kc[r];
+#pragma unroll
+      for (int i = 0; i <= r; ++i) {
+        const float e = i == r ? 1.f : exp2_fast(gc[r] - gc[i]), pe = p_row[i] * e, ae = a_row[i] * e;
+        dq[r] += pe * kc[i];
+        dkr[r] += ae * kc[i];
+        dkc[i] += pe * q_r + ae * bk_r;
       }
     }
-    for (int offset = 1; offset < 4; offset *= 2) {  // the four lanes of a row, in a fixed order
-      kdk[0] += __shfl_xor_sync(0xffffffffu, kdk[0], offset);
-      kdk[1] += __shfl_xor_sync(0xffffffffu, kdk[1], offset);
-    }
-    if (t == 0) {
-      part[c0 / kCols * C + R0 + gq] = kdk[0];
-      part[c0 / kCols * C + R0 + gq + 8] = kdk[1];
+    // Update B3's partials (the elements of one chunk and head belong to this block alone: no
+    // atomics), and sum k dk_rows over the warp's columns for dbeta, lanes in a fixed order.
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      float kdk = kc[r] * dkr[r];
+      for (int offset = 16; offset > 0; offset /= 2) kdk += __shfl_xor_sync(0xffffffffu, kdk, offset);
+      if (lane == 0) part[c0 / kCols * C + R0 + r] = kdk;
+      if (r >= rows || d >= K) continue;
+      const int64_t at = row_at(R0 + r) * K + d;
+      const float dk_rows_r = dkr[r] * beta[R0 + r];
+      p.ws.dq[at] += dq[r];
+      p.ws.dk[at] += dk_rows_r + dkc[r];
+      p.ws.dgamma[at] += q[(R0 + r) * ldk + d] * dq[r] + kc[r] * (dk_rows_r - dkc[r]);
     }
   }
   __syncthreads();

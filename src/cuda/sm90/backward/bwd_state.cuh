@@ -22,7 +22,7 @@ namespace fkt::cuda {
 // [dO | 0] and intra d_delta [P^T dO | 0] (B1 run on zero new values), writing only the widened
 // gradient entering the sequence, to summary [HV, K, V + K]. Columns evolve independently: column
 // V + d starts at the unit vector e_d and reads no dO and no intra d_delta.
-template <bool kSummary>
+template <bool kSummary, Products kP>
 __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   constexpr int kThreads = StateConfig::kBwdThreads, kCols = StateConfig::kBwdWarpCols;
@@ -98,7 +98,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     if (warp < C / 16 * 2) {
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
-      warp_mma<2>(acc, 0, Kp, [&](int r, int d) { return kd[(R0 + r) * ldr + d]; },
+      warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return kd[(R0 + r) * ldr + d]; },
                   [&](int d, int e) { return dS[d * kLd + c0 + e]; });
       for_each_acc(acc, [&](int r, int e, float x) {
         const int row = R0 + r, col = c0 + e;
@@ -124,10 +124,10 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     __syncthreads();
     if (owner) {
       transform_acc(ds, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
-      warp_mma<kCols / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
+      warp_mma<kP, kCols / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
                           [&](int r, int e) { return d_o[r * kLd + col0 + e]; });
       float w_dd[kCols / 8][4] = {};
-      warp_mma<kCols / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
+      warp_mma<kP, kCols / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
                           [&](int r, int e) { return dd[r * kLd + col0 + e]; });
 #pragma unroll
       for (int t = 0; t < kCols / 8; ++t) {
@@ -152,15 +152,16 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   }
 }
 
+template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     bwd_state_kernel(const __grid_constant__ BackwardParams p) {
-  bwd_state_pass<false>(p, blockIdx.x, nullptr);
+  bwd_state_pass<false, kP>(p, blockIdx.x, nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence.
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
-  bwd_state_pass<true>(p.bwd, p.sequence, p.summary);
+  bwd_state_pass<true, Products::kSplit3>(p.bwd, p.sequence, p.summary);
 }
 
 }  // namespace fkt::cuda

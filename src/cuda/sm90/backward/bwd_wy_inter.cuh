@@ -58,6 +58,7 @@ struct WyInterLayout {
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
 
+template <Products kP>
 __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kTile = WyInterConfig::kTileV, kWarps = WyInterConfig::kWarps;
   const ForwardParams& f = p.fwd;
@@ -110,17 +111,17 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       if (w.x) {
         const int g = lane / 4, t = lane % 4;
         for (int k = 0; k < kTile; k += 8) {
-          const FragA fo = load_frag_a([&](int r, int e) { return tile_do[(R0 + r) * lds + e]; }, k);
-          const FragA fl = load_frag_a([&](int r, int e) { return tile_delta[(R0 + r) * lds + e]; }, k);
-          const FragA fd = load_frag_a([&](int r, int e) { return tile_dd[(R0 + r) * lds + e]; }, k);
+          const FragA fo = load_frag_a<kP>([&](int r, int e) { return tile_do[(R0 + r) * lds + e]; }, k);
+          const FragA fl = load_frag_a<kP>([&](int r, int e) { return tile_delta[(R0 + r) * lds + e]; }, k);
+          const FragA fd = load_frag_a<kP>([&](int r, int e) { return tile_dd[(R0 + r) * lds + e]; }, k);
 #pragma unroll
           for (int n = 0; n < kN; ++n) {
             const int d = c0 + 8 * n + g;
             if (c0 + 8 * n >= Kp) break;
-            const SplitTf32 s0 = split_tf32(S[d * lds + k + t]), s1 = split_tf32(S[d * lds + k + t + 4]);
-            mma_split(acc0[n], fo, s0, s1);
-            mma_split(acc2[n], fd, s0, s1);
-            mma_split(acc1[n], fl, split_tf32(dS[d * lds + k + t]), split_tf32(dS[d * lds + k + t + 4]));
+            const SplitTf32 s0 = split_tf32<kP>(S[d * lds + k + t]), s1 = split_tf32<kP>(S[d * lds + k + t + 4]);
+            mma_split<kP>(acc0[n], fo, s0, s1);
+            mma_split<kP>(acc2[n], fd, s0, s1);
+            mma_split<kP>(acc1[n], fl, split_tf32<kP>(dS[d * lds + k + t]), split_tf32<kP>(dS[d * lds + k + t + 4]));
           }
         }
       }
@@ -176,13 +177,13 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Row tile I of T^T reads rows r >= I of T (lower triangular).
   if (const int3 w = tile_of(Kp); w.x) {
     float acc[kN][4] = {};
-    warp_mma<kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
+    warp_mma<kP, kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
                 [&](int r, int d) { return w.z + d < Kp ? B2[r * ldb + w.z + d] : 0.f; });
     for_each_acc(acc, [&](int i, int d, float x) { if (w.z + d < Kp) B0[(w.y + i) * ldb + w.z + d] = x; });
   }
   if (const int3 w = tile_of(Vp); w.x) {
     float acc[kN][4] = {};
-    warp_mma<kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
+    warp_mma<kP, kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
                 [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
     float row_sum[2] = {0.f, 0.f};  // rows g and g + 8 of the tile, this lane's columns
     for_each_acc(acc, [&](int i, int e, float yu) {
@@ -252,9 +253,9 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 4: B0 = dT[r, i] = beta_i (d_delta_r . v_i + dW_r . K_up_i) for i < r.
   if (square) {
     float acc[2][4] = {};
-    warp_mma<2>(acc, 0, Vp, [&](int r, int e) { return dd[(R0 + r) * ldv + e]; },
+    warp_mma<kP, 2>(acc, 0, Vp, [&](int r, int e) { return dd[(R0 + r) * ldv + e]; },
                 [&](int e, int i) { return vs[(c0 + i) * ldv + e]; });
-    warp_mma<2>(acc, 0, Kp, [&](int r, int d) { return B2[(R0 + r) * ldb + d]; },
+    warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return B2[(R0 + r) * ldb + d]; },
                 [&](int d, int i) { return B1[(c0 + i) * ldb + d]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 5: B1 = Z = tril(dT) T^T, Z[m, i] = sum_{n < m, n <= i} dT[m, n] T[i, n].
   if (square) {
     float acc[2][4] = {};
-    warp_mma<2>(acc, 0, R0 + 16, [&](int m, int n) { return B0[(R0 + m) * ldb + n]; },
+    warp_mma<kP, 2>(acc, 0, R0 + 16, [&](int m, int n) { return B0[(R0 + m) * ldb + n]; },
                 [&](int n, int i) { return T[(c0 + i) * ldt + n]; });
     for_each_acc(acc, [&](int m, int i, float x) { B1[(R0 + m) * ldb + c0 + i] = x; });
   }
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 6: dA[r, i] = -sum_{m >= r} T[m, r] Z[m, i] for i < r (every column written).
   if (square) {
     float acc[2][4] = {};
-    warp_mma<2>(acc, R0, C, [&](int r, int m) { return T[m * ldt + R0 + r]; },
+    warp_mma<kP, 2>(acc, R0, C, [&](int r, int m) { return T[m * ldt + R0 + r]; },
                 [&](int m, int i) { return B1[m * ldb + c0 + i]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;

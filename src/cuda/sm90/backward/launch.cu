@@ -83,13 +83,17 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
 
   // B0: the forward's intermediates again, keeping T and the activated inputs (no output), unless
   // the workspace is the forward's, which wrote them (keep_forward, c_api.h).
-  if (!p.keep_forward) forward_stages(p, params.fwd, stream);
+  const Products products = products_for(p);
+  if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
 
-  launch(bwd_dp_kernel, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
-  launch(bwd_state_kernel, per_sequence(StateConfig::kTileV), StateConfig::kBwdThreads, BwdStateLayout::bytes(C, K), s,
-         params);
-  launch(bwd_wy_inter_kernel, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
-  launch(bwd_intra_kernel, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
+  with_products(products, [&](auto kp) {
+    constexpr Products kP = decltype(kp)::value;
+    launch(bwd_dp_kernel<kP>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
+    launch(bwd_state_kernel<kP>, per_sequence(StateConfig::kTileV), StateConfig::kBwdThreads,
+           BwdStateLayout::bytes(C, K), s, params);
+    launch(bwd_wy_inter_kernel<kP>, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
+    launch(bwd_intra_kernel<kP>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
+  });
   launch(bwd_gate_kernel, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V), s, params);
   const int64_t qk_rows = p.B * p.T * p.H;
   launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,
@@ -118,13 +122,13 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
   params.bwd.d_o_dtype = grad.dtype;
   params.sequence = sequence;
   params.summary = summary;
-  forward_local_stages(p, params.bwd.fwd, stream);
+  forward_local_stages(p, params.bwd.fwd, Products::kSplit3, stream);
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   // B1 on zero new values, as the CPU summary runs it: the summary must not depend on the forward
   // from the true entering state, and B1's d_delta (P^T dO) does not; its dP comes out zero, unused.
   FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
-  launch(bwd_dp_kernel, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
+  launch(bwd_dp_kernel<Products::kSplit3>, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes(p.chunk, p.K, p.V), s, params.bwd);
   launch(cp_backward_summary_kernel, cp_summary_grid(p), StateConfig::kBwdThreads,
          BwdStateLayout::bytes(p.chunk, p.K), s, params);

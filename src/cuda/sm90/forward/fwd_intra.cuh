@@ -64,14 +64,15 @@ __device__ __forceinline__ void l2norm_rows(float* x, int rows, int K, int ld) {
   }
 }
 
-// Row r and column i of the idx-th pair (i <= r) of a 16 x 16 lower triangle, row by row.
-__device__ __forceinline__ int2 triangle_pair(int idx) {
-  int r = static_cast<int>((sqrtf(8.f * idx + 1.f) - 1.f) * 0.5f);
-  if ((r + 1) * (r + 2) / 2 <= idx) ++r;
-  if (r * (r + 1) / 2 > idx) --r;
-  return {r, idx - r * (r + 1) / 2};
+// Row r and column i of the idx-th pair (i < r) of a 16 x 16 strictly lower triangle, row by row.
+__device__ __forceinline__ int2 strict_pair(int idx) {
+  int r = static_cast<int>((sqrtf(8.f * idx + 1.f) + 1.f) * 0.5f);
+  if (r * (r - 1) / 2 > idx) --r;
+  if ((r + 1) * r / 2 <= idx) ++r;
+  return {r, idx - r * (r - 1) / 2};
 }
 
+template <Products kP>
 __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kSub = IntraConfig::kSub, kWarps = IntraConfig::kWarps;
@@ -125,10 +126,13 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
 
   // P (staged in T) and A: diagonal blocks, P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r,
   // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r (exponents <= 0 for non-positive gates).
-  constexpr int kPairs = kSub * (kSub + 1) / 2;
-  for (int x = tid; x < live * kPairs; x += nthreads) {
-    const int2 pair = triangle_pair(x % kPairs);
-    const int r = x / kPairs * kSub + pair.x, i = x / kPairs * kSub + pair.y;
+  // One thread per pair i < r; the diagonal (P only, no exponential) goes to the threads left over,
+  // several each, so that a 64-row chunk takes one round of 512 threads.
+  constexpr int kStrict = kSub * (kSub - 1) / 2;
+  const int strict = live * kStrict;
+  for (int x = tid; x < strict; x += nthreads) {
+    const int2 pair = strict_pair(x % kStrict);
+    const int r = x / kStrict * kSub + pair.x, i = x / kStrict * kSub + pair.y;
     if (r >= l) continue;
     float qk = 0.f, kk = 0.f;
     for (int d = 0; d < Kp; d += 4) {
@@ -143,7 +147,17 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
       kk += kr.x * e0 + kr.y * e1 + kr.z * e2 + kr.w * e3;
     }
     T[r * ldc + i] = p.scale * qk;
-    if (i < r) A[r * ldc + i] = beta[r] * kk;
+    A[r * ldc + i] = beta[r] * kk;
+  }
+  const int spare = strict < nthreads ? strict : 0;  // threads past the pairs take the diagonal
+  for (int r = tid - spare; r >= 0 && r < l; r += nthreads - spare) {
+    float qk = 0.f;
+    for (int d = 0; d < Kp; d += 4) {
+      const float4 qr = *reinterpret_cast<const float4*>(q + r * ldk + d);
+      const float4 kr = *reinterpret_cast<const float4*>(k + r * ldk + d);
+      qk += qr.x * kr.x + qr.y * kr.y + qr.z * kr.z + qr.w * kr.w;
+    }
+    T[r * ldc + r] = p.scale * qk;
   }
   // Blocks below the diagonal: sub-chunk R (rows from R0) against key rows i < R0, factored at the
   // reference row R0: (q_r exp(g_r - g_R0)) . (k_i exp(g_R0 - g_i)), both factors <= 1. Warp tasks
@@ -161,14 +175,14 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
       for (int j = 0; j < 4; ++j) {
         const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
         const float e = r < l ? exp2_fast(g[r * ldk + d] - g_ref[d]) : 0.f;
-        fq.x[j] = split_tf32(q[r * ldk + d] * e);
-        fk.x[j] = split_tf32(k[r * ldk + d] * e);
+        fq.x[j] = split_tf32<kP>(q[r * ldk + d] * e);
+        fk.x[j] = split_tf32<kP>(k[r * ldk + d] * e);
       }
       const int i = c0 + gq, d0 = k0 + t, d1 = k0 + t + 4;
-      const SplitTf32 b0 = split_tf32(k[i * ldk + d0] * exp2_fast(g_ref[d0] - g[i * ldk + d0]));
-      const SplitTf32 b1 = split_tf32(k[i * ldk + d1] * exp2_fast(g_ref[d1] - g[i * ldk + d1]));
-      mma_split(acc_p, fq, b0, b1);
-      mma_split(acc_a, fk, b0, b1);
+      const SplitTf32 b0 = split_tf32<kP>(k[i * ldk + d0] * exp2_fast(g_ref[d0] - g[i * ldk + d0]));
+      const SplitTf32 b1 = split_tf32<kP>(k[i * ldk + d1] * exp2_fast(g_ref[d1] - g[i * ldk + d1]));
+      mma_split<kP>(acc_p, fq, b0, b1);
+      mma_split<kP>(acc_a, fk, b0, b1);
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -227,7 +241,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     for (int task = warp; task < live * groups; task += kWarps) {
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
-      warp_mma<4>(acc, 0, R0 + kSub,
+      warp_mma<kP, 4>(acc, 0, R0 + kSub,
                   [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
                   [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
       for_each_acc(acc, [&](int r, int e, float value) {

@@ -32,7 +32,7 @@ __device__ __forceinline__ void store_state(const ForwardParams& p, const float*
 // the same pass on the widened state [S | M] of V + K columns from [0 | I] with new values [U | 0],
 // writing only the final widened state, to summary [HV, K, V + K]. Columns evolve independently,
 // so the tile math is unchanged: column V + d starts at the unit vector e_d and reads no new values.
-template <bool kSummary>
+template <bool kSummary, Products kP>
 __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     if (warp < C / 16 * 2) {
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
-      warp_mma<2>(acc, 0, Kp, [&](int r, int d) { return W[(R0 + r) * ldw + d]; },
+      warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return W[(R0 + r) * ldw + d]; },
                   [&](int d, int e) { return S[d * kLd + c0 + e]; });
       for_each_acc(acc, [&](int r, int e, float x) {
         const int row = R0 + r, col = c0 + e;
@@ -112,7 +112,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     __syncthreads();
     if (owner) {
       transform_acc(s, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
-      warp_mma<kTile / 8>(s, 0, C, [&](int d, int r) { return kd[r * ldk + row0 + d]; },
+      warp_mma<kP, kTile / 8>(s, 0, C, [&](int d, int r) { return kd[r * ldk + row0 + d]; },
                           [&](int r, int e) { return delta[r * kLd + e]; });
     }
     __syncthreads();  // K_down and gamma_L are consumed
@@ -131,15 +131,16 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
 }
 
 // Two blocks per SM (110 KB of shared memory each for C = 64, K = 128; at most 128 registers).
+template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
-  fwd_state_pass<false>(p, blockIdx.x, nullptr);
+  fwd_state_pass<false, kP>(p, blockIdx.x, nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence: few blocks, so no
 // register cap for two blocks per SM.
 __global__ void __launch_bounds__(StateConfig::kThreads)
     cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
-  fwd_state_pass<true>(p.fwd, p.sequence, p.summary);
+  fwd_state_pass<true, Products::kSplit3>(p.fwd, p.sequence, p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -53,32 +53,38 @@ uint64_t forward_workspace_bytes(const Problem& p) {
   return measure.bytes();
 }
 
-void forward_local_stages(const Problem& p, const ForwardParams& params, void* stream) {
+void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream) {
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
   const unsigned heads = static_cast<unsigned>(p.HV);
   if (p.varlen) launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, s, params);
   fwd_gate_cumsum(p, params.ws.gamma, stream);
-  launch(fwd_intra_kernel, dim3(chunks, heads), IntraConfig::kThreads, IntraLayout::bytes(p.chunk, p.K, p.V), s,
-         params);
+  with_products(products, [&](auto kp) {
+    launch(fwd_intra_kernel<decltype(kp)::value>, dim3(chunks, heads), IntraConfig::kThreads,
+           IntraLayout::bytes(p.chunk, p.K, p.V), s, params);
+  });
 }
 
-void forward_stages(const Problem& p, const ForwardParams& params, void* stream) {
-  forward_local_stages(p, params, stream);
+void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream) {
+  forward_local_stages(p, params, products, stream);
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
   const unsigned heads = static_cast<unsigned>(p.HV);
-  launch(fwd_state_kernel, dim3(static_cast<unsigned>(p.N), heads, (p.V + StateConfig::kTileV - 1) / StateConfig::kTileV),
-         StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s, params);
-  if (params.o == nullptr) return;
-  launch(fwd_output_kernel, dim3(chunks, heads, (p.V + OutputConfig::kTileV - 1) / OutputConfig::kTileV),
-         OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K), s, params);
+  with_products(products, [&](auto kp) {
+    constexpr Products kP = decltype(kp)::value;
+    launch(fwd_state_kernel<kP>,
+           dim3(static_cast<unsigned>(p.N), heads, (p.V + StateConfig::kTileV - 1) / StateConfig::kTileV),
+           StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s, params);
+    if (params.o == nullptr) return;
+    launch(fwd_output_kernel<kP>, dim3(chunks, heads, (p.V + OutputConfig::kTileV - 1) / OutputConfig::kTileV),
+           OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K), s, params);
+  });
 }
 
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
-  forward_stages(p, make_params(p, out), stream);
+  forward_stages(p, make_params(p, out), products_for(p), stream);
 }
 
 // F1 to F3 write into the forward's workspace; the widened F4 keeps its state in shared memory.
@@ -90,7 +96,7 @@ void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char
   params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false));
   params.sequence = sequence;
   params.summary = summary;
-  forward_local_stages(p, params.fwd, stream);
+  forward_local_stages(p, params.fwd, Products::kSplit3, stream);
   const DeviceGuard device(p.device.device_id);
   launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
          static_cast<cudaStream_t>(stream), params);
