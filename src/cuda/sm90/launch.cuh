@@ -72,6 +72,12 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
 void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 
+// The state passes (fwd_state, bwd_state): one block per (sequence, value head, V-tile), x = sequence
+// * tiles + tile (StateConfig::tiles).
+inline dim3 state_pass_grid(const Problem& p) {
+  return dim3(static_cast<unsigned>(p.N * StateConfig::tiles(static_cast<int>(p.V))), static_cast<unsigned>(p.HV));
+}
+
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened
 // columns) of the one sequence.
 inline dim3 cp_summary_grid(const Problem& p) {

@@ -23,12 +23,12 @@ namespace fkt::cuda {
 // gradient entering the sequence, to summary [HV, K, V + K]. Columns evolve independently: column
 // V + d starts at the unit vector e_d and reads no dO and no intra d_delta.
 template <bool kSummary, Products kP>
-__device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, float* summary) {
+__device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, int tile, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   constexpr int kThreads = StateConfig::kBwdThreads, kCols = StateConfig::kBwdWarpCols;
   constexpr int kPrefetch = 64 * kTile / kThreads;  // dO elements a thread carries (C <= 64)
   const ForwardParams& f = p.fwd;
-  const int head = blockIdx.y, e0 = blockIdx.z * kTile;
+  const int head = blockIdx.y, e0 = tile * kTile;
   const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns with dO, d_delta
@@ -155,13 +155,14 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
 template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     bwd_state_kernel(const __grid_constant__ BackwardParams p) {
-  bwd_state_pass<false, kP>(p, blockIdx.x, nullptr);
+  const int tiles = StateConfig::tiles(p.fwd.V);
+  bwd_state_pass<false, kP>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence.
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
-  bwd_state_pass<true, Products::kSplit3>(p.bwd, p.sequence, p.summary);
+  bwd_state_pass<true, Products::kSplit3>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -77,9 +77,6 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
-  const auto per_sequence = [&](int tile) {
-    return dim3(static_cast<unsigned>(p.N), static_cast<unsigned>(p.HV), tiles(p.V, tile));
-  };
 
   // B0: the forward's intermediates again, keeping T and the activated inputs (no output), unless
   // the workspace is the forward's, which wrote them (keep_forward, c_api.h).
@@ -89,8 +86,8 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     launch(bwd_dp_kernel<kP>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
-    launch(bwd_state_kernel<kP>, per_sequence(StateConfig::kTileV), StateConfig::kBwdThreads,
-           BwdStateLayout::bytes(C, K), s, params);
+    launch(bwd_state_kernel<kP>, state_pass_grid(p), StateConfig::kBwdThreads, BwdStateLayout::bytes(C, K), s,
+           params);
     launch(bwd_wy_inter_kernel<kP>, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
     launch(bwd_intra_kernel<kP>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
   });

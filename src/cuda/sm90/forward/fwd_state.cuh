@@ -33,9 +33,9 @@ __device__ __forceinline__ void store_state(const ForwardParams& p, const float*
 // writing only the final widened state, to summary [HV, K, V + K]. Columns evolve independently,
 // so the tile math is unchanged: column V + d starts at the unit vector e_d and reads no new values.
 template <bool kSummary, Products kP>
-__device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n, float* summary) {
+__device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n, int tile, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
-  const int head = blockIdx.y, e0 = blockIdx.z * kTile;
+  const int head = blockIdx.y, e0 = tile * kTile;
   const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns that have new values
@@ -133,14 +133,15 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
 // Two blocks per SM (110 KB of shared memory each for C = 64, K = 128; at most 128 registers).
 template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
-  fwd_state_pass<false, kP>(p, blockIdx.x, nullptr);
+  const int tiles = StateConfig::tiles(p.V);
+  fwd_state_pass<false, kP>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence: few blocks, so no
 // register cap for two blocks per SM.
 __global__ void __launch_bounds__(StateConfig::kThreads)
     cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
-  fwd_state_pass<true, Products::kSplit3>(p.fwd, p.sequence, p.summary);
+  fwd_state_pass<true, Products::kSplit3>(p.fwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

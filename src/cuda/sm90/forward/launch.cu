@@ -74,9 +74,8 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   const unsigned heads = static_cast<unsigned>(p.HV);
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
-    launch(fwd_state_kernel<kP>,
-           dim3(static_cast<unsigned>(p.N), heads, (p.V + StateConfig::kTileV - 1) / StateConfig::kTileV),
-           StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s, params);
+    launch(fwd_state_kernel<kP>, state_pass_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s,
+           params);
     if (params.o == nullptr) return;
     launch(fwd_output_kernel<kP>, dim3(chunks, heads, (p.V + OutputConfig::kTileV - 1) / OutputConfig::kTileV),
            OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K), s, params);
