@@ -19,6 +19,7 @@ struct WyInterConfig {
   static constexpr int kCols = 32;   // columns of a warp tile
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
+  static constexpr int kRowGroups = 4;  // thread groups splitting the rows of the gamma_L sum
   __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
 };
 
@@ -26,7 +27,7 @@ struct WyInterConfig {
 // (row g, column t) free of bank conflicts, T's stride 8 (mod 32) its transposed reads.
 struct WyInterLayout {
   int ldb, lds, ldt, ldv;
-  int b0, b1, b2, region, carry, part, floats;
+  int b0, b1, b2, region, carry, part, rows_part, floats;
   // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds].
   int s, ds, tile_do, tile_delta, tile_dd;
   // Later in the region: T [C, ldt], d_delta and v [C, ldv].
@@ -53,7 +54,8 @@ struct WyInterLayout {
     const int phase1_end = tile_dd + C * lds, later_end = v + C * ldv;
     carry = phase1_end > later_end ? phase1_end : later_end;  // [K]
     part = carry + K;                                          // [Vp / 32, C] dbeta parts of Y_u . v
-    floats = part + (Vp + WyInterConfig::kCols - 1) / WyInterConfig::kCols * C;
+    rows_part = part + (Vp + WyInterConfig::kCols - 1) / WyInterConfig::kCols * C;  // [kRowGroups, K]
+    floats = rows_part + WyInterConfig::kRowGroups * K;
   }
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
@@ -74,6 +76,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   float* B2 = smem + L.b2;  // d_delta S^T, then dW
   float* carry = smem + L.carry;  // [K] sum_e S[d, e] dS[d, e]
   float* part = smem + L.part;
+  float* rows_part = smem + L.rows_part;
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
@@ -216,35 +219,44 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       p.ws.dbeta[row] = yu_v + db;
     }
   }
+  // sum_r k_hat[r, d] dk_inter[r, d] of the gamma_L terms, rows split over kRowGroups thread groups
+  // (loads in flight together), the groups summed in a fixed order below.
+  constexpr int kRowGroups = WyInterConfig::kRowGroups;
+  for (int x = tid; x < kRowGroups * K; x += nthreads) {
+    const int d = x % K, group = x / K;
+    float acc = 0.f;
+    for (int r = group; r < l; r += kRowGroups) acc += f.ws.k_hat[row_at(r) * K + d] * B1[r * ldb + d];
+    rows_part[group * K + d] = acc;
+  }
+  __syncthreads();
   for (int d = tid; d < K; d += nthreads) {
     float acc = expf(gamma[last + d]) * carry[d];
-    for (int r = 0; r < l; ++r) acc += f.ws.k_hat[row_at(r) * K + d] * B1[r * ldb + d];
+    for (int group = 0; group < kRowGroups; ++group) acc += rows_part[group * K + d];
     p.ws.dgamma[last + d] += acc;
   }
   __syncthreads();
-  // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w; then B1 = K_up (zero padded).
-  batched(
-      l * K,
-      [&](int x) {  // gamma, beta, k_hat, dgamma so far
-        const int64_t at = row_at(x / K) * K + x % K;
-        return float4{gamma[at], f.ws.beta_act[row_at(x / K)], f.ws.k_hat[at], p.ws.dgamma[at]};
-      },
-      [&](int x, float4 v) {
-        const int r = x / K, d = x % K;
-        const int64_t at = row_at(r) * K + d;
-        const float up = expf(v.x), yw = B0[r * ldb + d];
-        p.ws.dk[at] = B1[r * ldb + d] + v.y * up * yw;
-        p.ws.dgamma[at] = v.w + v.y * v.z * up * yw;
-      });
-  __syncthreads();
+  // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w, then B1 = K_up (zero padded): each
+  // element read and rewritten by one thread.
   batched(
       C * Kp,
-      [&](int x) {
+      [&](int x) {  // gamma, beta, k_hat, dgamma so far
         const int r = x / Kp, d = x % Kp;
-        if (r >= l || d >= K) return float2{0.f, 0.f};
-        return float2{f.ws.k_hat[row_at(r) * K + d], gamma[row_at(r) * K + d]};
+        if (r >= l || d >= K) return float4{0.f, 0.f, 0.f, 0.f};
+        const int64_t at = row_at(r) * K + d;
+        return float4{gamma[at], f.ws.beta_act[row_at(r)], f.ws.k_hat[at], p.ws.dgamma[at]};
       },
-      [&](int x, float2 v) { B1[x / Kp * ldb + x % Kp] = v.x * expf(v.y); });
+      [&](int x, float4 v) {
+        const int r = x / Kp, d = x % Kp, at = r * ldb + d;
+        if (r >= l || d >= K) {
+          B1[at] = 0.f;
+          return;
+        }
+        const int64_t global = row_at(r) * K + d;
+        const float up = expf(v.x), yw = B0[at];
+        p.ws.dk[global] = B1[at] + v.y * up * yw;
+        p.ws.dgamma[global] = v.w + v.y * v.z * up * yw;
+        B1[at] = v.z * up;
+      });
   __syncthreads();
 
   // The [C, C] products: warp tiles of 16 rows x 16 columns.
