@@ -72,17 +72,16 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
 void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 
-// The state passes (fwd_state, bwd_state): one block per (sequence, value head, V-tile of `width`
-// columns), x = sequence * tiles + tile (StateConfig::tiles).
-inline dim3 state_pass_grid(const Problem& p, int width) {
-  return dim3(static_cast<unsigned>(p.N * StateConfig::tiles(static_cast<int>(p.V), width)),
-              static_cast<unsigned>(p.HV));
+// The state passes (fwd_state, bwd_state): one block per (sequence, value head, V-tile), x = sequence
+// * tiles + tile (StateConfig::tiles).
+inline dim3 state_pass_grid(const Problem& p) {
+  return dim3(static_cast<unsigned>(p.N * StateConfig::tiles(static_cast<int>(p.V))), static_cast<unsigned>(p.HV));
 }
 
-// The context-parallel summaries: one block per (value head, `width`-column tile of the V + K
-// widened columns) of the one sequence.
-inline dim3 cp_summary_grid(const Problem& p, int width) {
-  const int64_t tiles = StateConfig::tiles(static_cast<int>(p.V + p.K), width);
+// The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened
+// columns) of the one sequence.
+inline dim3 cp_summary_grid(const Problem& p) {
+  const int64_t tiles = (p.V + p.K + StateConfig::kTileV - 1) / StateConfig::kTileV;
   return dim3(1, static_cast<unsigned>(p.HV), static_cast<unsigned>(tiles));
 }
 

@@ -24,7 +24,7 @@ namespace fkt::cuda {
 // V + d starts at the unit vector e_d and reads no dO and no intra d_delta.
 template <bool kSummary, Products kP>
 __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, int tile, float* summary) {
-  constexpr int kTile = StateConfig::kBwdTileV, kLd = StateConfig::kBwdLdTile;
+  constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   constexpr int kThreads = StateConfig::kBwdThreads, kCols = StateConfig::kBwdWarpCols;
   constexpr int kPrefetch = 64 * kTile / kThreads;  // dO elements a thread carries (C <= 64)
   const ForwardParams& f = p.fwd;
@@ -95,8 +95,8 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
     __syncthreads();
     // d_delta = intra part + K_down dS: warp tiles of 16 rows x 16 columns.
-    if (constexpr int kColTiles = kTile / 16; warp < C / 16 * kColTiles) {
-      const int R0 = warp / kColTiles * 16, c0 = warp % kColTiles * 16;
+    if (warp < C / 16 * 2) {
+      const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
       warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return kd[(R0 + r) * ldr + d]; },
                   [&](int d, int e) { return dS[d * kLd + c0 + e]; });
@@ -126,8 +126,14 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
       transform_acc(ds, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
       warp_mma<kP, kCols / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
                           [&](int r, int e) { return d_o[r * kLd + col0 + e]; });
-      warp_mma<kP, kCols / 8>(ds, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
-                              [&](int r, int e) { return -dd[r * kLd + col0 + e]; });
+      float w_dd[kCols / 8][4] = {};
+      warp_mma<kP, kCols / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
+                          [&](int r, int e) { return dd[r * kLd + col0 + e]; });
+#pragma unroll
+      for (int t = 0; t < kCols / 8; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ds[t][i] -= w_dd[t][i];
+      }
     }
     __syncthreads();  // Q_up, W and gamma_L are consumed
     if (j > 0) issue_update(j - 1);
@@ -149,11 +155,11 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
 template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     bwd_state_kernel(const __grid_constant__ BackwardParams p) {
-  const int tiles = StateConfig::tiles(p.fwd.V, StateConfig::kBwdTileV);
+  const int tiles = StateConfig::tiles(p.fwd.V);
   bwd_state_pass<false, kP>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
-// One block per (value head, 64-column tile of V + K) of the one sequence.
+// One block per (value head, 32-column tile of V + K) of the one sequence.
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
   bwd_state_pass<true, Products::kSplit3>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);

@@ -133,7 +133,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
 // Two blocks per SM (110 KB of shared memory each for C = 64, K = 128; at most 128 registers).
 template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
-  const int tiles = StateConfig::tiles(p.V, StateConfig::kTileV);
+  const int tiles = StateConfig::tiles(p.V);
   fwd_state_pass<false, kP>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 

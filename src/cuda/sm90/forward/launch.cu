@@ -74,7 +74,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   const unsigned heads = static_cast<unsigned>(p.HV);
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
-    launch(fwd_state_kernel<kP>, state_pass_grid(p, StateConfig::kTileV), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s,
+    launch(fwd_state_kernel<kP>, state_pass_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s,
            params);
     if (params.o == nullptr) return;
     launch(fwd_output_kernel<kP>, dim3(chunks, heads, (p.V + OutputConfig::kTileV - 1) / OutputConfig::kTileV),
@@ -97,7 +97,7 @@ void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char
   params.summary = summary;
   forward_local_stages(p, params.fwd, Products::kSplit3, stream);
   const DeviceGuard device(p.device.device_id);
-  launch(cp_forward_summary_kernel, cp_summary_grid(p, StateConfig::kTileV), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
+  launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
          static_cast<cudaStream_t>(stream), params);
 }
 

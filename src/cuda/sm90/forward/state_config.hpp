@@ -8,18 +8,15 @@ namespace fkt::cuda {
 struct StateConfig {
   static constexpr int kThreads = 256;  // fwd_state: warp w holds all kTileV columns of its 16 rows
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kTileV = 32;          // fwd_state: state columns per block
+  static constexpr int kTileV = 32;          // state columns per block
   static constexpr int kLdTile = kTileV + 8;  // [*, kTileV] buffers, read as (row t, column g) B fragments
-  // bwd_state: its shared memory admits one block per SM, so it takes twice the columns (each chunk's
-  // K_down, Q_up, W serve 64 columns: half the operand traffic per column) and runs two warps per 16
-  // rows (32 columns each).
-  static constexpr int kBwdTileV = 64;
-  static constexpr int kBwdLdTile = kBwdTileV + 8;
+  // Blocks of a pass: (sequence, value head, V-tile), the V-tiles of one head adjacent in x so that
+  // they run together and share the chunk's W, K_down (or K_down, Q_up, W) through L2.
+  __host__ __device__ static int tiles(int V) { return (V + kTileV - 1) / kTileV; }
+  // bwd_state: its shared memory admits one block per SM, so it runs two warps per 16 rows (16
+  // columns each) to keep twice as many products in flight.
   static constexpr int kBwdThreads = 512;
-  static constexpr int kBwdWarpCols = kBwdTileV / (kBwdThreads / kThreads);
-  // Blocks of a pass: (sequence, value head, V-tile of `width` columns), the V-tiles of one head
-  // adjacent in x so that they run together and share the chunk's operands through L2.
-  __host__ __device__ static int tiles(int V, int width) { return (V + width - 1) / width; }
+  static constexpr int kBwdWarpCols = kTileV / (kBwdThreads / kThreads);
   // K rounded up to 16: warp w holds state rows 16w .. 16w + 15 (K <= 128 = 8 warps x 16).
   __host__ __device__ static int padded(int K) { return (K + 15) / 16 * 16; }
   // Row strides of [C, Kp] operands: 4 (mod 32) when read as (row g, column t) A fragments, 8 (mod 32)
@@ -46,12 +43,12 @@ struct FwdStateLayout {
 };
 
 // bwd_state, offsets in floats: K_down [C, ld_rows], the intra d_delta and the total d_delta
-// [C, kBwdLdTile], dS [Kp, kBwdLdTile] (mirrored from registers), Q_up and W [C, ld_transposed],
-// s * dO [C, kBwdLdTile], gamma_L [Kp].
+// [C, kLdTile], dS [Kp, kLdTile] (mirrored from registers), Q_up and W [C, ld_transposed],
+// s * dO [C, kLdTile], gamma_L [Kp].
 struct BwdStateLayout {
   int kd, dd_intra, dd, ds, qu, w, d_o, g_last, floats;
   __host__ __device__ BwdStateLayout(int C, int K) {
-    constexpr int ld = StateConfig::kBwdLdTile;
+    constexpr int ld = StateConfig::kLdTile;
     kd = 0;
     dd_intra = kd + C * StateConfig::ld_rows(K);
     dd = dd_intra + C * ld;
