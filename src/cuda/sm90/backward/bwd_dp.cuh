@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     float acc[4][4] = {};
     if (c0 < R0 + 16) {
       warp_mma<kP, 4>(acc, 0, Vp, [&](int r, int e) { return d_o[(R0 + r) * ldv + e]; },
-                  [&](int e, int i) { return delta[(c0 + i) * ldv + e]; });
+                      [&](int e, int i) { return delta[(c0 + i) * ldv + e]; });
     }
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     const int I0 = task / halves * 16, c0 = task % halves * 64;
     float acc[8][4] = {};
     warp_mma<kP, 8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },
-                [&](int r, int e) { return c0 + e < Vp ? d_o[r * ldv + c0 + e] : 0.f; });
+                    [&](int r, int e) { return c0 + e < Vp ? d_o[r * ldv + c0 + e] : 0.f; });
     for_each_acc(acc, [&](int i, int e, float x) {
       const int row = I0 + i, col = c0 + e;
       if (row < l && col < V) p.ws.d_delta[row_at(row) * V + col] = x;

@@ -99,7 +99,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
       warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return kd[(R0 + r) * ldr + d]; },
-                  [&](int d, int e) { return dS[d * kLd + c0 + e]; });
+                      [&](int d, int e) { return dS[d * kLd + c0 + e]; });
       for_each_acc(acc, [&](int r, int e, float x) {
         const int row = R0 + r, col = c0 + e;
         dd[row * kLd + col] = row < l ? dd_intra[row * kLd + col] + x : 0.f;
@@ -125,10 +125,10 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     if (owner) {
       transform_acc(ds, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
       warp_mma<kP, kCols / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
-                          [&](int r, int e) { return d_o[r * kLd + col0 + e]; });
+                              [&](int r, int e) { return d_o[r * kLd + col0 + e]; });
       float w_dd[kCols / 8][4] = {};
       warp_mma<kP, kCols / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
-                          [&](int r, int e) { return dd[r * kLd + col0 + e]; });
+                              [&](int r, int e) { return dd[r * kLd + col0 + e]; });
 #pragma unroll
       for (int t = 0; t < kCols / 8; ++t) {
 #pragma unroll

@@ -181,13 +181,13 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   if (const int3 w = tile_of(Kp); w.x) {
     float acc[kN][4] = {};
     warp_mma<kP, kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
-                [&](int r, int d) { return w.z + d < Kp ? B2[r * ldb + w.z + d] : 0.f; });
+                     [&](int r, int d) { return w.z + d < Kp ? B2[r * ldb + w.z + d] : 0.f; });
     for_each_acc(acc, [&](int i, int d, float x) { if (w.z + d < Kp) B0[(w.y + i) * ldb + w.z + d] = x; });
   }
   if (const int3 w = tile_of(Vp); w.x) {
     float acc[kN][4] = {};
     warp_mma<kP, kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
-                [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
+                     [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
     float row_sum[2] = {0.f, 0.f};  // rows g and g + 8 of the tile, this lane's columns
     for_each_acc(acc, [&](int i, int e, float yu) {
       const int row = w.y + i, col = w.z + e;
@@ -266,9 +266,9 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   if (square) {
     float acc[2][4] = {};
     warp_mma<kP, 2>(acc, 0, Vp, [&](int r, int e) { return dd[(R0 + r) * ldv + e]; },
-                [&](int e, int i) { return vs[(c0 + i) * ldv + e]; });
+                    [&](int e, int i) { return vs[(c0 + i) * ldv + e]; });
     warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return B2[(R0 + r) * ldb + d]; },
-                [&](int d, int i) { return B1[(c0 + i) * ldb + d]; });
+                    [&](int d, int i) { return B1[(c0 + i) * ldb + d]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
       B0[row * ldb + col] = col < row && row < l ? f.ws.beta_act[row_at(col)] * x : 0.f;
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   if (square) {
     float acc[2][4] = {};
     warp_mma<kP, 2>(acc, 0, R0 + 16, [&](int m, int n) { return B0[(R0 + m) * ldb + n]; },
-                [&](int n, int i) { return T[(c0 + i) * ldt + n]; });
+                    [&](int n, int i) { return T[(c0 + i) * ldt + n]; });
     for_each_acc(acc, [&](int m, int i, float x) { B1[(R0 + m) * ldb + c0 + i] = x; });
   }
   __syncthreads();
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   if (square) {
     float acc[2][4] = {};
     warp_mma<kP, 2>(acc, R0, C, [&](int r, int m) { return T[m * ldt + R0 + r]; },
-                [&](int m, int i) { return B1[m * ldb + c0 + i]; });
+                    [&](int m, int i) { return B1[m * ldb + c0 + i]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
       if (row < l) p.ws.dA[row_at(row) * C + col] = col < row ? -x : 0.f;

@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
       warp_mma<kP, 4>(acc, 0, R0 + kSub,
-                  [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
-                  [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
+                      [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
+                      [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
       for_each_acc(acc, [&](int r, int e, float value) {
         if (R0 + r < l && c0 + e < width) out[row_at(R0 + r) * width + c0 + e] = value;
       });

@@ -58,14 +58,14 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
     if (c0 >= width) continue;
     float acc[kCols / 8][4] = {};
     warp_mma<kP, kCols / 8>(acc, 0, Kp, [&](int r, int d) { return qu[(R0 + r) * ldq + d]; },
-                        [&](int d, int e) { return h[d * kLdB + c0 + e]; });
+                            [&](int d, int e) { return h[d * kLdB + c0 + e]; });
 #pragma unroll
     for (int n = 0; n < kCols / 8; ++n) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[n][j] *= p.scale;
     }
     warp_mma<kP, kCols / 8>(acc, 0, R0 + 16, [&](int r, int i) { return P[(R0 + r) * ldp + i]; },
-                        [&](int i, int e) { return delta[i * kLdB + c0 + e]; });
+                            [&](int i, int e) { return delta[i * kLdB + c0 + e]; });
     for_each_acc(acc, [&](int r, int e, float value) {
       if (R0 + r < l && c0 + e < width) store_float(p.o, p.o_dtype, row_at(R0 + r) * V + e0 + c0 + e, value);
     });

@@ -94,7 +94,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
       warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return W[(R0 + r) * ldw + d]; },
-                  [&](int d, int e) { return S[d * kLd + c0 + e]; });
+                      [&](int d, int e) { return S[d * kLd + c0 + e]; });
       for_each_acc(acc, [&](int r, int e, float x) {
         const int row = R0 + r, col = c0 + e;
         delta[row * kLd + col] = row < l ? U[row * kLd + col] - x : 0.f;
@@ -113,7 +113,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     if (owner) {
       transform_acc(s, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
       warp_mma<kP, kTile / 8>(s, 0, C, [&](int d, int r) { return kd[r * ldk + row0 + d]; },
-                          [&](int r, int e) { return delta[r * kLd + e]; });
+                              [&](int r, int e) { return delta[r * kLd + e]; });
     }
     __syncthreads();  // K_down and gamma_L are consumed
     if (j + 1 < chunks) issue_update(j + 1);
