@@ -34,47 +34,43 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
   if (row >= token_rows(f)) return;  // the whole warp leaves together
   const int head = static_cast<int>(s % f.H), lane = threadIdx.x % 32, K = f.K, G = f.HV / f.H;
 
-  // Lane holds d = lane + 32 j of dq (which = 0) and dk (which = 1); lanes past K hold zeros,
-  // which add nothing to the sums below. Every load of both is issued before any is used.
-  float grad[2][kPerLane], x[2][kPerLane];
-#pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    const float* heads = which == 0 ? p.ws.dq : p.ws.dk;
-    const void* in = which == 0 ? f.q : f.k;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int d = lane + 32 * j;
-      grad[which][j] = 0.f;
-      x[which][j] = 0.f;
-      if (d >= K) continue;
-      for (int m = 0; m < G; ++m) grad[which][j] += heads[(row * f.HV + head * G + m) * K + d];
-      if (f.l2norm) x[which][j] = load_float(in, f.qk_dtype, (row * f.H + head) * K + d);
-    }
-  }
-#pragma unroll
   for (int which = 0; which < 2; ++which) {
     void* out = which == 0 ? p.dq : p.dk;
     if (out == nullptr) continue;
-    float* g = grad[which];
+    const float* heads = which == 0 ? p.ws.dq : p.ws.dk;
+    const void* in = which == 0 ? f.q : f.k;
+    // Lane holds d = lane + 32 j; lanes past K hold zeros, which add nothing to the sums below.
+    float grad[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + 32 * j;
+      grad[j] = 0.f;
+      if (d < K) {
+        for (int m = 0; m < G; ++m) grad[j] += heads[(row * f.HV + head * G + m) * K + d];
+      }
+    }
     if (f.l2norm) {
       // x is the raw input; the butterflies leave the same sums, bit for bit, in every lane.
-      const float* xr = x[which];
-      float sum = 0.f;
+      float x[kPerLane], sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) sum += xr[j] * xr[j];
+      for (int j = 0; j < kPerLane; ++j) {
+        const int d = lane + 32 * j;
+        x[j] = d < K ? load_float(in, f.qk_dtype, (row * f.H + head) * K + d) : 0.f;
+        sum += x[j] * x[j];
+      }
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       const float rstd = 1.f / sqrtf(sum + 1e-6f);
       float dot = 0.f;
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) dot += g[j] * xr[j] * rstd;
+      for (int j = 0; j < kPerLane; ++j) dot += grad[j] * x[j] * rstd;
       for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) g[j] = rstd * (g[j] - dot * xr[j] * rstd);
+      for (int j = 0; j < kPerLane; ++j) grad[j] = rstd * (grad[j] - dot * x[j] * rstd);
     }
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int d = lane + 32 * j;
-      if (d < K) store_float(out, f.qk_dtype, (row * f.H + head) * K + d, g[j]);
+      if (d < K) store_float(out, f.qk_dtype, (row * f.H + head) * K + d, grad[j]);
     }
   }
 }
