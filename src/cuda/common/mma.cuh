@@ -113,6 +113,17 @@ __device__ __forceinline__ void for_each_acc(const float (&acc)[N][4], F f) {
   }
 }
 
+// Calls f(row, col, {element at col, element at col + 1}) for each pair of adjacent accumulator
+// elements of the lane (a pair shares its row; col is even).
+template <int N, typename F>
+__device__ __forceinline__ void for_each_acc_pair(const float (&acc)[N][4], F f) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) f(acc_row(i), acc_col(n, i), make_float2(acc[n][i], acc[n][i + 1]));
+  }
+}
+
 // acc element = f(row, col, element) for each accumulator element of the lane.
 template <int N, typename F>
 __device__ __forceinline__ void transform_acc(float (&acc)[N][4], F f) {

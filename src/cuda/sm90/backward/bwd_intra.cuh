@@ -8,7 +8,6 @@
 // terms inside the sub-chunk keep the pairwise exponentials.
 #pragma once
 
-#include "cuda/common/batched.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/tile_copy.cuh"
@@ -71,16 +70,12 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
   copy_rows_async(k, ldk, f.ws.k_hat + row_at(0) * K, stride_k, C, Kp, l, K);
   copy_rows_async(dP, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
   copy_rows_async(dA, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
+  copy_rows_async(g, ldk, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   cp_async_commit();
-  batched(
-      C * Kp,
-      [&](int x) {
-        const int r = x / Kp, d = x % Kp;
-        return r < l && d < K ? f.ws.gamma[row_at(r) * K + d] : 0.f;
-      },
-      [&](int x, float v) { g[x / Kp * ldk + x % Kp] = v * kLog2e; });
   for (int r = tid; r < C; r += nthreads) beta[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;
   cp_async_wait<0>();
+  __syncthreads();
+  to_log2_units(g, C, Kp, ldk);
   __syncthreads();
 
   const int groups = Kp / kCols;
@@ -165,18 +160,31 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
       }
     }
     // Update B3's partials (the elements of one chunk and head belong to this block alone: no
-    // atomics), and sum k dk_rows over the warp's columns for dbeta, lanes in a fixed order.
+    // atomics), and sum k dk_rows over the warp's columns for dbeta, lanes in a fixed order. The
+    // partials of kBatch rows are loaded before any is stored, so their loads are in flight together.
+    constexpr int kBatch = 2;
+    const int64_t first = row_at(R0) * K + d;  // row r of the sub-chunk is r * stride_k further
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      float kdk = kc[r] * dkr[r];
-      for (int offset = 16; offset > 0; offset /= 2) kdk += __shfl_xor_sync(0xffffffffu, kdk, offset);
-      if (lane == 0) part[c0 / kCols * C + R0 + r] = kdk;
-      if (r >= rows || d >= K) continue;
-      const int64_t at = row_at(R0 + r) * K + d;
-      const float dk_rows_r = dkr[r] * beta[R0 + r];
-      p.ws.dq[at] += dq[r];
-      p.ws.dk[at] += dk_rows_r + dkc[r];
-      p.ws.dgamma[at] += q[(R0 + r) * ldk + d] * dq[r] + kc[r] * (dk_rows_r - dkc[r]);
+    for (int r0 = 0; r0 < 16; r0 += kBatch) {
+      float3 old[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t at = first + (r0 + b) * stride_k;
+        if (r0 + b < rows && d < K) old[b] = make_float3(p.ws.dq[at], p.ws.dk[at], p.ws.dgamma[at]);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int r = r0 + b;
+        float kdk = kc[r] * dkr[r];
+        for (int offset = 16; offset > 0; offset /= 2) kdk += __shfl_xor_sync(0xffffffffu, kdk, offset);
+        if (lane == 0) part[c0 / kCols * C + R0 + r] = kdk;
+        if (r >= rows || d >= K) continue;
+        const int64_t at = first + r * stride_k;
+        const float dk_rows_r = dkr[r] * beta[R0 + r];
+        p.ws.dq[at] = old[b].x + dq[r];
+        p.ws.dk[at] = old[b].y + (dk_rows_r + dkc[r]);
+        p.ws.dgamma[at] = old[b].z + (q[(R0 + r) * ldk + d] * dq[r] + kc[r] * (dk_rows_r - dkc[r]));
+      }
     }
   }
   __syncthreads();

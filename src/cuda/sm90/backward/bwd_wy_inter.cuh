@@ -9,6 +9,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/vec4.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -143,28 +144,36 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   __syncthreads();
 
   // Phase 2: dq_inter, dk_inter, dW and the first dgamma terms; then T, d_delta and v into the region.
+  // The element-wise passes below take 4 columns of a row per step (cells); global rows of K floats
+  // are 16-byte aligned when K is a multiple of 4. Columns past K and rows past the chunk's end load
+  // as zero, so the shared-memory results there are zero (mma operands below need zero padding).
   const float* gamma = f.ws.gamma;
   const int64_t last = row_at(l - 1) * K;
-  batched(
-      C * Kp,
+  const int cells = Kp / 4;
+  const bool vector = K % 4 == 0;
+  struct Rows4 {
+    float4 a, b, c, d;
+  };
+  batched<2>(
+      C * cells,
       [&](int x) {  // gamma, gamma of the last row, q_hat, k_hat
-        const int r = x / Kp, d = x % Kp;
-        if (r >= l || d >= K) return float4{0.f, 0.f, 0.f, 0.f};
+        const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
         const int64_t at = row_at(r) * K + d;
-        return float4{gamma[at], gamma[last + d], f.ws.q_hat[at], f.ws.k_hat[at]};
+        return Rows4{load_first(gamma + at, n, vector), load_first(gamma + last + d, n, vector),
+                     load_first(f.ws.q_hat + at, n, vector), load_first(f.ws.k_hat + at, n, vector)};
       },
-      [&](int x, float4 v) {
-        const int r = x / Kp, d = x % Kp, at = r * ldb + d;
-        if (r >= l || d >= K) {
-          B2[at] = 0.f;  // dW is an mma operand below: its padding must be zero
-          return;
-        }
-        const float dq = f.scale * B0[at] * expf(v.x);
-        const float dk_inter = B1[at] * expf(v.y - v.x);
-        B1[at] = dk_inter;
-        B2[at] = -B2[at];
-        p.ws.dq[row_at(r) * K + d] = dq;
-        p.ws.dgamma[row_at(r) * K + d] = v.z * dq - v.w * dk_inter;
+      [&](int x, Rows4 v) {
+        const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
+        if (r >= l) return store4(B2 + at, float4{0.f, 0.f, 0.f, 0.f});
+        const float4 dq = map4([&](float b0, float g) { return f.scale * b0 * expf(g); }, load4(B0 + at), v.a);
+        const float4 dk_inter = map4([](float b1, float gl, float g) { return b1 * expf(gl - g); }, load4(B1 + at), v.b, v.a);
+        store4(B1 + at, dk_inter);
+        store4(B2 + at, map4([](float b2) { return -b2; }, load4(B2 + at)));
+        const int64_t global = row_at(r) * K + d;
+        store_first(p.ws.dq + global, dq, K - d, vector);
+        store_first(p.ws.dgamma + global,
+                    map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter),
+                    K - d, vector);
       });
   float* T = smem + L.t;    // [C, ldt]
   float* dd = smem + L.dd;  // [C, ldv]
@@ -237,25 +246,28 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   __syncthreads();
   // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w, then B1 = K_up (zero padded): each
   // element read and rewritten by one thread.
-  batched(
-      C * Kp,
-      [&](int x) {  // gamma, beta, k_hat, dgamma so far
-        const int r = x / Kp, d = x % Kp;
-        if (r >= l || d >= K) return float4{0.f, 0.f, 0.f, 0.f};
+  batched<2>(
+      C * cells,
+      [&](int x) {  // gamma, beta (in a), k_hat, dgamma so far
+        const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
         const int64_t at = row_at(r) * K + d;
-        return float4{gamma[at], f.ws.beta_act[row_at(r)], f.ws.k_hat[at], p.ws.dgamma[at]};
+        return Rows4{load_first(gamma + at, n, vector), float4{n > 0 ? f.ws.beta_act[row_at(r)] : 0.f},
+                     load_first(f.ws.k_hat + at, n, vector), load_first(p.ws.dgamma + at, n, vector)};
       },
-      [&](int x, float4 v) {
-        const int r = x / Kp, d = x % Kp, at = r * ldb + d;
-        if (r >= l || d >= K) {
-          B1[at] = 0.f;
-          return;
+      [&](int x, Rows4 v) {
+        const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
+        const float beta = v.b.x;
+        const float4 up = map4([](float g) { return expf(g); }, v.a), yw = load4(B0 + at);
+        if (r < l) {
+          const int64_t global = row_at(r) * K + d;
+          store_first(p.ws.dk + global,
+                      map4([&](float dki, float u, float y) { return dki + beta * u * y; }, load4(B1 + at), up, yw),
+                      K - d, vector);
+          const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, v.c, up);
+          store_first(p.ws.dgamma + global, map4([](float dg, float bku, float y) { return dg + bku * y; }, v.d, beta_k_up, yw),
+                      K - d, vector);
         }
-        const int64_t global = row_at(r) * K + d;
-        const float up = expf(v.x), yw = B0[at];
-        p.ws.dk[global] = B1[at] + v.y * up * yw;
-        p.ws.dgamma[global] = v.w + v.y * v.z * up * yw;
-        B1[at] = v.z * up;
+        store4(B1 + at, map4([](float k, float u) { return k * u; }, v.c, up));
       });
   __syncthreads();
 

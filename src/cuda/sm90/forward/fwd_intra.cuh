@@ -9,6 +9,7 @@
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/tile_copy.cuh"
+#include "cuda/common/vec4.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -37,7 +38,7 @@ struct IntraLayout {
     g = k + C * ldk;                                // [C, ldk] gamma * log2(e)
     x = g + C * ldk;                                // [C, ldx] v, then beta * k * exp(gamma)
     A = x + C * ldx;                                // [C, ldc] strictly lower
-    T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1
+    T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1; after A
     Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
     beta = Y + (C / IntraConfig::kSub - 1) * IntraConfig::kSub * IntraConfig::kSub;  // [C]
     floats = beta + C;
@@ -106,21 +107,18 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
   }
-  for (int x = tid; x < C * ldc; x += nthreads) A[x] = T[x] = 0.f;
+  for (int x = 4 * tid; x < 2 * C * ldc; x += 4 * nthreads) store4(A + x, float4{0.f, 0.f, 0.f, 0.f});  // A and T
   cp_async_wait<0>();
   __syncthreads();
-  for (int x = tid; x < C * Kp; x += nthreads) g[x / Kp * ldk + x % Kp] *= kLog2e;
+  to_log2_units(g, C, Kp, ldk);
   if (p.l2norm) {
     l2norm_rows(q, l, K, ldk);
     l2norm_rows(k, l, K, ldk);
   }
   __syncthreads();
   if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
-    for (int x = tid; x < l * K; x += nthreads) {
-      const int r = x / K, d = x % K;
-      p.ws.q_hat[row_at(r) * K + d] = q[r * ldk + d];
-      p.ws.k_hat[row_at(r) * K + d] = k[r * ldk + d];
-    }
+    store_rows(p.ws.q_hat + row_at(0) * K, stride_k, q, ldk, l, K);
+    store_rows(p.ws.k_hat + row_at(0) * K, stride_k, k, ldk, l, K);
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];
   }
 
@@ -161,14 +159,15 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   }
   // Blocks below the diagonal: sub-chunk R (rows from R0) against key rows i < R0, factored at the
   // reference row R0: (q_r exp(g_r - g_R0)) . (k_i exp(g_R0 - g_i)), both factors <= 1. Warp tasks
-  // are (R, 8-column tile), R(R - 1) of them before sub-chunk R.
-  for (int task = warp; task < live * (live - 1); task += kWarps) {
+  // are (R, 16-column tile), R(R - 1) / 2 of them before sub-chunk R, taken from the last warp down
+  // (the first warps carry the pairs above).
+  for (int task = kWarps - 1 - warp; task < live * (live - 1) / 2; task += kWarps) {
     int R = 1;
-    while ((R + 1) * R <= task) ++R;
-    const int R0 = R * kSub, c0 = (task - R * (R - 1)) * 8;
+    while ((R + 1) * R / 2 <= task) ++R;
+    const int R0 = R * kSub, c0 = (task - R * (R - 1) / 2) * kSub;
     const int gq = lane / 4, t = lane % 4;
     const float* g_ref = g + R0 * ldk;
-    float acc_p[4] = {0.f, 0.f, 0.f, 0.f}, acc_a[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc_p[2][4] = {}, acc_a[2][4] = {};
     for (int k0 = 0; k0 < Kp; k0 += 8) {
       FragA fq, fk;
 #pragma unroll
@@ -178,18 +177,18 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
         fq.x[j] = split_tf32<kP>(q[r * ldk + d] * e);
         fk.x[j] = split_tf32<kP>(k[r * ldk + d] * e);
       }
-      const int i = c0 + gq, d0 = k0 + t, d1 = k0 + t + 4;
-      const SplitTf32 b0 = split_tf32<kP>(k[i * ldk + d0] * exp2_fast(g_ref[d0] - g[i * ldk + d0]));
-      const SplitTf32 b1 = split_tf32<kP>(k[i * ldk + d1] * exp2_fast(g_ref[d1] - g[i * ldk + d1]));
-      mma_split<kP>(acc_p, fq, b0, b1);
-      mma_split<kP>(acc_a, fk, b0, b1);
-    }
+      const int d0 = k0 + t, d1 = k0 + t + 4;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = R0 + acc_row(j), i = c0 + acc_col(0, j);
-      T[r * ldc + i] = p.scale * acc_p[j];
-      A[r * ldc + i] = beta[r] * acc_a[j];
+      for (int n = 0; n < 2; ++n) {
+        const int i = c0 + 8 * n + gq;
+        const SplitTf32 b0 = split_tf32<kP>(k[i * ldk + d0] * exp2_fast(g_ref[d0] - g[i * ldk + d0]));
+        const SplitTf32 b1 = split_tf32<kP>(k[i * ldk + d1] * exp2_fast(g_ref[d1] - g[i * ldk + d1]));
+        mma_split<kP>(acc_p[n], fq, b0, b1);
+        mma_split<kP>(acc_a[n], fk, b0, b1);
+      }
     }
+    for_each_acc(acc_p, [&](int r, int i, float x) { T[(R0 + r) * ldc + c0 + i] = p.scale * x; });
+    for_each_acc(acc_a, [&](int r, int i, float x) { A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x; });
   }
   __syncthreads();
   store_rows(p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
@@ -244,23 +243,34 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
       warp_mma<kP, 4>(acc, 0, R0 + kSub,
                       [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
                       [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
-      for_each_acc(acc, [&](int r, int e, float value) {
-        if (R0 + r < l && c0 + e < width) out[row_at(R0 + r) * width + c0 + e] = value;
+      for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
+        if (R0 + r >= l || c0 + e >= width) return;
+        float* at = out + row_at(R0 + r) * width + c0 + e;
+        if (width % 2 == 0) {  // an even row stride keeps the pair 8-byte aligned
+          *reinterpret_cast<float2*>(at) = pair;
+          return;
+        }
+        at[0] = pair.x;
+        if (c0 + e + 1 < width) at[1] = pair.y;
       });
     }
   };
   product(V, p.ws.U, true);
   __syncthreads();
   const float* g_last = g + (l - 1) * ldk;
-  for (int x = tid; x < C * Kp; x += nthreads) {
-    const int r = x / Kp, d = x % Kp, at = r * ldk + d;
-    const float up = exp2_fast(g[at]);
-    X[r * ldx + d] = beta[r] * k[at] * up;
-    if (r < l && d < K) {
-      p.ws.q_up[row_at(r) * K + d] = q[at] * up;
-      p.ws.k_down[row_at(r) * K + d] = k[at] * exp2_fast(g_last[d] - g[at]);
-    }
-  }
+  float* q_up = p.ws.q_up + row_at(0) * K;
+  float* k_down = p.ws.k_down + row_at(0) * K;
+  const bool vector = K % 4 == 0;  // 16-byte aligned global rows
+  for_each_cell<4>(C, Kp / 4, stride_k, ldk, [&](int r, int d, int64_t at, int s) {
+    const float4 gr = load4(g + s), kr = load4(k + s);
+    const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
+    store4(X + r * ldx + d, map4([&](float kx, float u) { return beta[r] * kx * u; }, kr, up));
+    if (r >= l) return;
+    store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, load4(q + s), up), K - d, vector);
+    store_first(k_down + at,
+                map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr, load4(g_last + d), gr),
+                K - d, vector);
+  });
   __syncthreads();
   product(K, p.ws.W, false);
 }
