@@ -1,6 +1,8 @@
 // Element loads that widen every supported float dtype to fp32 (fp64 is narrowed, as on the CPU).
 #pragma once
 
+#include <cstdint>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -33,6 +35,31 @@ __device__ __forceinline__ void store_float(void* base, DType dtype, int64_t i, 
     case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
     case DType::kF64: static_cast<double*>(base)[i] = x; break;
     default: static_cast<float*>(base)[i] = x; break;
+  }
+}
+
+// Whether output rows of `row_stride` elements from `base` hold their element pairs (2j, 2j + 1)
+// at addresses aligned for one 2-element store.
+__device__ __forceinline__ bool pairs_aligned(const void* base, DType dtype, int64_t row_stride) {
+  const int pair_bytes = dtype == DType::kF64 ? 16 : dtype == DType::kF32 ? 8 : 4;
+  return row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(base) % pair_bytes == 0;
+}
+
+// Stores x.x and x.y, rounded to nearest, as elements i and i + 1 (the second only when `both`):
+// one 2-element store when `paired` (i even, pairs_aligned), else as store_float.
+__device__ __forceinline__ void store_pair(void* base, DType dtype, int64_t i, float2 x, bool both, bool paired) {
+  if (!paired || !both) {
+    store_float(base, dtype, i, x.x);
+    if (both) store_float(base, dtype, i + 1, x.y);
+    return;
+  }
+  switch (dtype) {
+    case DType::kBF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + i) = __floats2bfloat162_rn(x.x, x.y);
+      break;
+    case DType::kF16: *reinterpret_cast<__half2*>(static_cast<__half*>(base) + i) = __floats2half2_rn(x.x, x.y); break;
+    case DType::kF64: *reinterpret_cast<double2*>(static_cast<double*>(base) + i) = make_double2(x.x, x.y); break;
+    default: *reinterpret_cast<float2*>(static_cast<float*>(base) + i) = x; break;
   }
 }
 

@@ -77,26 +77,43 @@ __device__ __forceinline__ void copy_rows_async(float* dst, int ld, const float*
   else copy_cells_async<1>(dst, ld, src, stride, rows, cols, valid_rows, valid_cols);
 }
 
-// Loads (by the whole block) a [rows, cols] block of rows with stride `stride` elements of T into
-// fp32 shared memory with row stride ld, zero-filling rows >= valid_rows and columns >= valid_cols.
-// 16-byte loads, each thread's issued before its stores, when every row start is 16-byte aligned.
-template <typename T>
-__device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const T* src, int64_t stride, int rows, int cols,
-                                                   int valid_rows, int valid_cols) {
+// N pointers, passed by value (a by-reference array could be left in local memory).
+template <typename P, int N>
+struct Pointers {
+  P at[N];
+  // at[j] for a j known only at run time, by selects rather than an indexed (local-memory) load.
+  __device__ __forceinline__ P operator[](int j) const {
+    P p = at[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) p = i == j ? at[i] : p;
+    return p;
+  }
+};
+
+// Loads (by the whole block) [rows, cols] blocks of rows with stride `stride` elements of T, one
+// from each src[j], into fp32 shared memory dst[j] with row stride ld, zero-filling rows >=
+// valid_rows and columns >= valid_cols. The blocks are interleaved in one block-strided loop
+// (element x of block x % N), so their loads are in flight together. 16-byte loads, each thread's
+// issued before its stores, when every row start is 16-byte aligned.
+template <int N, typename T>
+__device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, Pointers<const T*, N> src, int ld,
+                                                   int64_t stride, int rows, int cols, int valid_rows, int valid_cols) {
   constexpr int kPer = 16 / sizeof(T);
-  const bool vector = stride % kPer == 0 && cols % kPer == 0 && valid_cols % kPer == 0 && ld % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  bool vector = stride % kPer == 0 && cols % kPer == 0 && valid_cols % kPer == 0 && ld % 4 == 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) vector = vector && reinterpret_cast<uintptr_t>(src.at[j]) % 16 == 0;
   if (vector) {
     const int vecs = cols / kPer;
     batched(
-        rows * vecs,
+        N * rows * vecs,
         [&](int x) {
-          const int r = x / vecs, c = x % vecs * kPer;
-          return r < valid_rows && c < valid_cols ? *reinterpret_cast<const uint4*>(src + r * stride + c)
+          const int y = x / N, r = y / vecs, c = y % vecs * kPer;
+          return r < valid_rows && c < valid_cols ? *reinterpret_cast<const uint4*>(src[x % N] + r * stride + c)
                                                   : make_uint4(0u, 0u, 0u, 0u);
         },
         [&](int x, uint4 raw) {
-          float* out = dst + x / vecs * ld + x % vecs * kPer;
+          const int y = x / N;
+          float* out = dst[x % N] + y / vecs * ld + y % vecs * kPer;
           const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
           for (int i = 0; i < kPer; i += 4) {
@@ -107,29 +124,41 @@ __device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const T* 
     return;
   }
   batched(
-      rows * cols,
+      N * rows * cols,
       [&](int x) {
-        const int r = x / cols, c = x % cols;
-        return r < valid_rows && c < valid_cols ? to_float(src[r * stride + c]) : 0.f;
+        const int y = x / N, r = y / cols, c = y % cols;
+        return r < valid_rows && c < valid_cols ? to_float(src[x % N][r * stride + c]) : 0.f;
       },
-      [&](int x, float v) { dst[x / cols * ld + x % cols] = v; });
+      [&](int x, float v) {
+        const int y = x / N;
+        dst[x % N][y / cols * ld + y % cols] = v;
+      });
 }
 
-// The same for a tensor whose dtype (bf16, fp16 or fp32) is known at run time; the block starts at
-// element `offset`.
+// The same for tensors whose dtype (bf16, fp16 or fp32, one for all) is known at run time; the
+// blocks start at element `offset` of each base.
+template <int N>
+__device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, Pointers<const void*, N> base, DType dtype,
+                                                   int64_t offset, int ld, int64_t stride, int rows, int cols,
+                                                   int valid_rows, int valid_cols) {
+  auto load = [&](auto element) {
+    using T = decltype(element);
+    Pointers<const T*, N> src;
+#pragma unroll
+    for (int j = 0; j < N; ++j) src.at[j] = static_cast<const T*>(base.at[j]) + offset;
+    load_rows_as_float<N, T>(dst, src, ld, stride, rows, cols, valid_rows, valid_cols);
+  };
+  switch (dtype) {
+    case DType::kBF16: return load(__nv_bfloat16{});
+    case DType::kF16: return load(__half{});
+    default: return load(float{});
+  }
+}
+
+// One block: load_rows_as_float for a single tensor.
 __device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const void* base, DType dtype, int64_t offset,
                                                    int64_t stride, int rows, int cols, int valid_rows, int valid_cols) {
-  switch (dtype) {
-    case DType::kBF16:
-      return load_rows_as_float(dst, ld, static_cast<const __nv_bfloat16*>(base) + offset, stride, rows, cols, valid_rows,
-                                valid_cols);
-    case DType::kF16:
-      return load_rows_as_float(dst, ld, static_cast<const __half*>(base) + offset, stride, rows, cols, valid_rows,
-                                valid_cols);
-    default:
-      return load_rows_as_float(dst, ld, static_cast<const float*>(base) + offset, stride, rows, cols, valid_rows,
-                                valid_cols);
-  }
+  load_rows_as_float<1>({{dst}}, {{base}}, dtype, offset, ld, stride, rows, cols, valid_rows, valid_cols);
 }
 
 // Stores (by the whole block) rows [0, rows) x columns [0, cols) of shared memory (row stride ld) to

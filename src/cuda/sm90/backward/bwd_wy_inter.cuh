@@ -197,12 +197,19 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     float acc[kN][4] = {};
     warp_mma<kP, kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
                      [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
-    float row_sum[2] = {0.f, 0.f};  // rows g and g + 8 of the tile, this lane's columns
-    for_each_acc(acc, [&](int i, int e, float yu) {
+    float row_sum[2] = {0.f, 0.f}, beta[2];  // rows g and g + 8 of the tile, this lane's columns
+    for (int h = 0; h < 2; ++h) beta[h] = w.y + lane / 4 + 8 * h < l ? f.ws.beta_act[row_at(w.y + lane / 4 + 8 * h)] : 0.f;
+    const bool paired = p.dv != nullptr && pairs_aligned(p.dv, p.dv_dtype, V);
+    for_each_acc_pair(acc, [&](int i, int e, float2 yu) {
       const int row = w.y + i, col = w.z + e;
       if (row >= l || col >= V) return;
-      if (p.dv != nullptr) store_float(p.dv, p.dv_dtype, row_at(row) * V + col, f.ws.beta_act[row_at(row)] * yu);
-      row_sum[i >= 8] += yu * vs[row * ldv + col];
+      const bool both = col + 1 < V;
+      if (p.dv != nullptr) {
+        store_pair(p.dv, p.dv_dtype, row_at(row) * V + col, make_float2(beta[i >= 8] * yu.x, beta[i >= 8] * yu.y), both,
+                   paired);
+      }
+      row_sum[i >= 8] += yu.x * vs[row * ldv + col];
+      if (both) row_sum[i >= 8] += yu.y * vs[row * ldv + col + 1];
     });
     for (int offset = 1; offset < 4; offset *= 2) {  // the four lanes of a row, in a fixed order
       row_sum[0] += __shfl_xor_sync(0xffffffffu, row_sum[0], offset);

@@ -39,7 +39,7 @@ struct IntraLayout {
     x = g + C * ldk;                                // [C, ldx] v, then beta * k * exp(gamma)
     A = x + C * ldx;                                // [C, ldc] strictly lower
     T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1; after A
-    Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
+    Y = T + C * ldc;                                // [2 (C / 16 - 1), 16, 8] partial products of T
     beta = Y + (C / IntraConfig::kSub - 1) * IntraConfig::kSub * IntraConfig::kSub;  // [C]
     floats = beta + C;
   }
@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   copy_rows_async(g, ldk, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   cp_async_commit();
   const int64_t qk_first = (c.first_row * p.H + qk_head) * K;
-  load_rows_as_float(q, ldk, p.q, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
-  load_rows_as_float(k, ldk, p.k, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+  load_rows_as_float<2>({{q, k}}, {{p.q, p.k}}, p.qk_dtype, qk_first, ldk, stride_qk, C, Kp, l, K);
   load_rows_as_float(X, ldx, p.v, p.v_dtype, row_at(0) * V, static_cast<int64_t>(p.HV) * V, C, Vp, l, V);
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
@@ -211,21 +210,21 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
   }
   __syncthreads();
+  // Warp tasks of one distance: (block, 8-column half), Y_RI = sum_M A_RM T_MI then T_RI = -T_RR Y_RI,
+  // products in split 3xTF32 whatever kP (the inverse's accuracy stays that of fp32).
   for (int dist = 1; dist < subs; ++dist) {
-    const int count = (subs - dist) * kSub * kSub;
-    for (int x = tid; x < count; x += nthreads) {
-      const int R0 = (dist + x / (kSub * kSub)) * kSub, I0 = R0 - dist * kSub, r = x / kSub % kSub, i = x % kSub;
-      float y = 0.f;
-      for (int m = I0; m < R0; ++m) y += A[(R0 + r) * ldc + m] * T[m * ldc + I0 + i];
-      Y[x] = y;
-    }
-    __syncthreads();
-    for (int x = tid; x < count; x += nthreads) {
-      const int R0 = (dist + x / (kSub * kSub)) * kSub, I0 = R0 - dist * kSub, r = x / kSub % kSub, i = x % kSub;
-      const float* y = Y + x / (kSub * kSub) * kSub * kSub;
-      float v = 0.f;
-      for (int m = 0; m < kSub; ++m) v -= T[(R0 + r) * ldc + R0 + m] * y[m * kSub + i];
-      T[(R0 + r) * ldc + I0 + i] = v;
+    for (int task = warp; task < (subs - dist) * 2; task += kWarps) {
+      const int R0 = (dist + task / 2) * kSub, I0 = R0 - dist * kSub, c0 = I0 + task % 2 * 8;
+      float* y = Y + task * kSub * 8;  // [16, 8]: a row stride of 8 keeps the B-operand reads conflict free
+      float acc[1][4] = {};
+      warp_mma<Products::kSplit3, 1>(acc, I0, R0, [&](int r, int m) { return A[(R0 + r) * ldc + m]; },
+                                     [&](int m, int i) { return T[m * ldc + c0 + i]; });
+      for_each_acc(acc, [&](int r, int i, float x) { y[r * 8 + i] = x; });
+      __syncwarp();
+      float out[1][4] = {};
+      warp_mma<Products::kSplit3, 1>(out, 0, kSub, [&](int r, int m) { return T[(R0 + r) * ldc + R0 + m]; },
+                                     [&](int m, int i) { return y[m * 8 + i]; });
+      for_each_acc(out, [&](int r, int i, float x) { T[(R0 + r) * ldc + c0 + i] = -x; });
     }
     __syncthreads();
   }
@@ -243,15 +242,11 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
       warp_mma<kP, 4>(acc, 0, R0 + kSub,
                       [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
                       [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
+      const bool paired = pairs_aligned(out, DType::kF32, width);
       for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
-        if (R0 + r >= l || c0 + e >= width) return;
-        float* at = out + row_at(R0 + r) * width + c0 + e;
-        if (width % 2 == 0) {  // an even row stride keeps the pair 8-byte aligned
-          *reinterpret_cast<float2*>(at) = pair;
-          return;
+        if (R0 + r < l && c0 + e < width) {
+          store_pair(out, DType::kF32, row_at(R0 + r) * width + c0 + e, pair, c0 + e + 1 < width, paired);
         }
-        at[0] = pair.x;
-        if (c0 + e + 1 < width) at[1] = pair.y;
       });
     }
   };

@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   float* P = h + Kp * kLdB;        // [C, ldp]
   float* delta = P + C * ldp;      // [C, kLdB]
   const int warp = threadIdx.x / 32;
+  const bool paired = pairs_aligned(p.o, p.o_dtype, V);
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };
 
   // Rows past the chunk's end, columns past K and past the tile are zero.
@@ -66,8 +67,10 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
     }
     warp_mma<kP, kCols / 8>(acc, 0, R0 + 16, [&](int r, int i) { return P[(R0 + r) * ldp + i]; },
                             [&](int i, int e) { return delta[i * kLdB + c0 + e]; });
-    for_each_acc(acc, [&](int r, int e, float value) {
-      if (R0 + r < l && c0 + e < width) store_float(p.o, p.o_dtype, row_at(R0 + r) * V + e0 + c0 + e, value);
+    for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
+      if (R0 + r < l && c0 + e < width) {
+        store_pair(p.o, p.o_dtype, row_at(R0 + r) * V + e0 + c0 + e, pair, c0 + e + 1 < width, paired);
+      }
     });
   }
 }
