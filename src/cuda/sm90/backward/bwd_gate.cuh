@@ -14,7 +14,7 @@ namespace fkt::cuda {
 struct BwdGateConfig {
   static constexpr int kThreads = 128;  // one thread per column d (K <= 128 in one pass)
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kRowsInFlight = 16;
+  static constexpr int kRowsInFlight = 8;
   static size_t smem_bytes(int, int, int) { return 0; }
 };
 

@@ -39,7 +39,7 @@ struct IntraLayout {
     x = g + C * ldk;                                // [C, ldx] v, then beta * k * exp(gamma)
     A = x + C * ldx;                                // [C, ldc] strictly lower
     T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1; after A
-    Y = T + C * ldc;                                // [2 (C / 16 - 1), 16, 8] partial products of T
+    Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
     beta = Y + (C / IntraConfig::kSub - 1) * IntraConfig::kSub * IntraConfig::kSub;  // [C]
     floats = beta + C;
   }
@@ -71,6 +71,52 @@ __device__ __forceinline__ int2 strict_pair(int idx) {
   if (r * (r - 1) / 2 > idx) --r;
   if ((r + 1) * r / 2 <= idx) ++r;
   return {r, idx - r * (r - 1) / 2};
+}
+
+// The blocks of T = (I + A)^-1 below its diagonal, nearest the diagonal first, given its diagonal
+// blocks: T_RI = -T_RR Y_RI with Y_RI = sum_{I <= M < R} A_RM T_MI (16 x 16 blocks; A, T [C, ldc],
+// scratch Y of (subs - 1) 16 x 16 blocks). Each distance waits for the one before.
+// kTf32 (bfloat16 inputs): warp tasks (block, 8-column half) on tensor cores in split 3xTF32.
+// kSplit3 (float16 / float32 inputs): fp32 FMAs, one thread per element: the inverse keeps fp32
+// accuracy (3xTF32 drifted the float32 context-parallel gradients past their 1e-5 check).
+template <Products kP>
+__device__ __forceinline__ void invert_below_diagonal(const float* A, float* T, float* Y, int ldc, int subs) {
+  constexpr int kSub = IntraConfig::kSub, kWarps = IntraConfig::kWarps;
+  const int tid = threadIdx.x, warp = tid / 32;
+  for (int dist = 1; dist < subs; ++dist) {
+    if constexpr (kP == Products::kTf32) {
+      for (int task = warp; task < (subs - dist) * 2; task += kWarps) {
+        const int R0 = (dist + task / 2) * kSub, I0 = R0 - dist * kSub, c0 = I0 + task % 2 * 8;
+        float* y = Y + task * kSub * 8;  // [16, 8]: a row stride of 8 keeps the B-operand reads conflict free
+        float acc[1][4] = {};
+        warp_mma<Products::kSplit3, 1>(acc, I0, R0, [&](int r, int m) { return A[(R0 + r) * ldc + m]; },
+                                       [&](int m, int i) { return T[m * ldc + c0 + i]; });
+        for_each_acc(acc, [&](int r, int i, float x) { y[r * 8 + i] = x; });
+        __syncwarp();
+        float out[1][4] = {};
+        warp_mma<Products::kSplit3, 1>(out, 0, kSub, [&](int r, int m) { return T[(R0 + r) * ldc + R0 + m]; },
+                                       [&](int m, int i) { return y[m * 8 + i]; });
+        for_each_acc(out, [&](int r, int i, float x) { T[(R0 + r) * ldc + c0 + i] = -x; });
+      }
+    } else {
+      const int count = (subs - dist) * kSub * kSub;
+      for (int x = tid; x < count; x += blockDim.x) {
+        const int R0 = (dist + x / (kSub * kSub)) * kSub, I0 = R0 - dist * kSub, r = x / kSub % kSub, i = x % kSub;
+        float y = 0.f;
+        for (int m = I0; m < R0; ++m) y += A[(R0 + r) * ldc + m] * T[m * ldc + I0 + i];
+        Y[x] = y;
+      }
+      __syncthreads();
+      for (int x = tid; x < count; x += blockDim.x) {
+        const int R0 = (dist + x / (kSub * kSub)) * kSub, I0 = R0 - dist * kSub, r = x / kSub % kSub, i = x % kSub;
+        const float* y = Y + x / (kSub * kSub) * kSub * kSub;
+        float v = 0.f;
+        for (int m = 0; m < kSub; ++m) v -= T[(R0 + r) * ldc + R0 + m] * y[m * kSub + i];
+        T[(R0 + r) * ldc + I0 + i] = v;
+      }
+    }
+    __syncthreads();
+  }
 }
 
 template <Products kP>
@@ -194,8 +240,8 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   __syncthreads();
 
   // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
-  // owns column i in registers), then the blocks below it, nearest the diagonal first:
-  // T_RI = -T_RR sum_{I <= M < R} A_RM T_MI. The blocks above the diagonal hold zero since the start.
+  // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
+  // the diagonal hold zero since the start.
   if (const int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs) {
     const float* a = A + b * kSub * (ldc + 1);
     float col[kSub];
@@ -210,24 +256,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
   }
   __syncthreads();
-  // Warp tasks of one distance: (block, 8-column half), Y_RI = sum_M A_RM T_MI then T_RI = -T_RR Y_RI,
-  // products in split 3xTF32 whatever kP (the inverse's accuracy stays that of fp32).
-  for (int dist = 1; dist < subs; ++dist) {
-    for (int task = warp; task < (subs - dist) * 2; task += kWarps) {
-      const int R0 = (dist + task / 2) * kSub, I0 = R0 - dist * kSub, c0 = I0 + task % 2 * 8;
-      float* y = Y + task * kSub * 8;  // [16, 8]: a row stride of 8 keeps the B-operand reads conflict free
-      float acc[1][4] = {};
-      warp_mma<Products::kSplit3, 1>(acc, I0, R0, [&](int r, int m) { return A[(R0 + r) * ldc + m]; },
-                                     [&](int m, int i) { return T[m * ldc + c0 + i]; });
-      for_each_acc(acc, [&](int r, int i, float x) { y[r * 8 + i] = x; });
-      __syncwarp();
-      float out[1][4] = {};
-      warp_mma<Products::kSplit3, 1>(out, 0, kSub, [&](int r, int m) { return T[(R0 + r) * ldc + R0 + m]; },
-                                     [&](int m, int i) { return y[m * 8 + i]; });
-      for_each_acc(out, [&](int r, int i, float x) { T[(R0 + r) * ldc + c0 + i] = -x; });
-    }
-    __syncthreads();
-  }
+  invert_below_diagonal<kP>(A, T, Y, ldc, subs);
 
   if (p.ws.T != nullptr) {
     store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
