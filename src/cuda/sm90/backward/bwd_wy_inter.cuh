@@ -224,30 +224,15 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
 
   // dbeta = Y_u . v + Y_w . K_up (one warp per row, fixed order); the last row's dgamma gets the
   // gamma_L terms.
-  // A warp takes kRows rows at once: their loads are in flight together, ahead of the stores.
-  constexpr int kRows = 4;
-  for (int i0 = warp; i0 < l; i0 += kRows * kWarps) {
-    float db[kRows] = {};
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      const int i = i0 + j * kWarps;
-      if (i >= l) break;
-      const int64_t row = row_at(i);
-#pragma unroll
-      for (int d = lane; d < 128; d += 32) {  // K <= 128 on the CUDA backend
-        if (d < K) db[j] += B0[i * ldb + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      const int i = i0 + j * kWarps;
-      if (i >= l) break;
-      for (int offset = 16; offset > 0; offset /= 2) db[j] += __shfl_xor_sync(0xffffffffu, db[j], offset);
-      if (lane == 0) {
-        float yu_v = 0.f;
-        for (int group = 0; group < (Vp + kCols - 1) / kCols; ++group) yu_v += part[group * C + i];
-        p.ws.dbeta[row_at(i)] = yu_v + db[j];
-      }
+  for (int i = warp; i < l; i += kWarps) {
+    const int64_t row = row_at(i);
+    float db = 0.f;
+    for (int d = lane; d < K; d += 32) db += B0[i * ldb + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
+    for (int offset = 16; offset > 0; offset /= 2) db += __shfl_xor_sync(0xffffffffu, db, offset);
+    if (lane == 0) {
+      float yu_v = 0.f;
+      for (int group = 0; group < (Vp + kCols - 1) / kCols; ++group) yu_v += part[group * C + i];
+      p.ws.dbeta[row] = yu_v + db;
     }
   }
   // sum_r k_hat[r, d] dk_inter[r, d] of the gamma_L terms, rows split over kRowGroups thread groups
