@@ -166,14 +166,15 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
         if (r >= l) return store4(B2 + at, float4{0.f, 0.f, 0.f, 0.f});
         const float4 dq = map4([&](float b0, float g) { return f.scale * b0 * expf(g); }, load4(B0 + at), v.a);
-        const float4 dk_inter = map4([](float b1, float gl, float g) { return b1 * expf(gl - g); }, load4(B1 + at), v.b, v.a);
+        const float4 dk_inter =
+            map4([](float b1, float gl, float g) { return b1 * expf(gl - g); }, load4(B1 + at), v.b, v.a);
         store4(B1 + at, dk_inter);
         store4(B2 + at, map4([](float b2) { return -b2; }, load4(B2 + at)));
         const int64_t global = row_at(r) * K + d;
         store_first(p.ws.dq + global, dq, K - d, vector);
-        store_first(p.ws.dgamma + global,
-                    map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter),
-                    K - d, vector);
+        const float4 dgamma =
+            map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter);
+        store_first(p.ws.dgamma + global, dgamma, K - d, vector);
       });
   float* T = smem + L.t;    // [C, ldt]
   float* dd = smem + L.dd;  // [C, ldv]
@@ -198,7 +199,10 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     warp_mma<kP, kN>(acc, w.y, C, [&](int i, int r) { return T[r * ldt + w.y + i]; },
                      [&](int r, int e) { return w.z + e < Vp ? dd[r * ldv + w.z + e] : 0.f; });
     float row_sum[2] = {0.f, 0.f}, beta[2];  // rows g and g + 8 of the tile, this lane's columns
-    for (int h = 0; h < 2; ++h) beta[h] = w.y + lane / 4 + 8 * h < l ? f.ws.beta_act[row_at(w.y + lane / 4 + 8 * h)] : 0.f;
+    for (int h = 0; h < 2; ++h) {
+      const int row = w.y + lane / 4 + 8 * h;
+      beta[h] = row < l ? f.ws.beta_act[row_at(row)] : 0.f;
+    }
     const bool paired = p.dv != nullptr && pairs_aligned(p.dv, p.dv_dtype, V);
     for_each_acc_pair(acc, [&](int i, int e, float2 yu) {
       const int row = w.y + i, col = w.z + e;
@@ -255,7 +259,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // element read and rewritten by one thread.
   batched<2>(
       C * cells,
-      [&](int x) {  // gamma, beta (in a), k_hat, dgamma so far
+      [&](int x) {  // gamma, beta (in b.x), k_hat, dgamma so far
         const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
         const int64_t at = row_at(r) * K + d;
         return Rows4{load_first(gamma + at, n, vector), float4{n > 0 ? f.ws.beta_act[row_at(r)] : 0.f},
@@ -271,8 +275,8 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
                       map4([&](float dki, float u, float y) { return dki + beta * u * y; }, load4(B1 + at), up, yw),
                       K - d, vector);
           const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, v.c, up);
-          store_first(p.ws.dgamma + global, map4([](float dg, float bku, float y) { return dg + bku * y; }, v.d, beta_k_up, yw),
-                      K - d, vector);
+          const float4 dgamma = map4([](float dg, float bku, float y) { return dg + bku * y; }, v.d, beta_k_up, yw);
+          store_first(p.ws.dgamma + global, dgamma, K - d, vector);
         }
         store4(B1 + at, map4([](float k, float u) { return k * u; }, v.c, up));
       });

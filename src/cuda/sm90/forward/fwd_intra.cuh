@@ -38,7 +38,7 @@ struct IntraLayout {
     g = k + C * ldk;                                // [C, ldk] gamma * log2(e)
     x = g + C * ldk;                                // [C, ldx] v, then beta * k * exp(gamma)
     A = x + C * ldx;                                // [C, ldc] strictly lower
-    T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1; after A
+    T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1; zeroed with A
     Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
     beta = Y + (C / IntraConfig::kSub - 1) * IntraConfig::kSub * IntraConfig::kSub;  // [C]
     floats = beta + C;
@@ -291,9 +291,9 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     store4(X + r * ldx + d, map4([&](float kx, float u) { return beta[r] * kx * u; }, kr, up));
     if (r >= l) return;
     store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, load4(q + s), up), K - d, vector);
-    store_first(k_down + at,
-                map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr, load4(g_last + d), gr),
-                K - d, vector);
+    const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
+                             load4(g_last + d), gr);
+    store_first(k_down + at, down, K - d, vector);
   });
   __syncthreads();
   product(K, p.ws.W, false);
