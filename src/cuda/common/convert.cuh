@@ -14,6 +14,11 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
+// Bytes of one element of a supported dtype (the device twin of dtype_bytes).
+__device__ __forceinline__ int element_bytes(DType dtype) {
+  return dtype == DType::kF64 ? 8 : dtype == DType::kF32 ? 4 : 2;
+}
+
 // Element i of a small parameter tensor whose dtype is known only at run time (A_log, dt_bias).
 __device__ __forceinline__ float load_float(const void* base, DType dtype, int64_t i) {
   switch (dtype) {

@@ -19,6 +19,20 @@ __device__ __forceinline__ void cp_async(float* dst, const float* src, bool vali
                "r"(valid ? kBytes : 0));
 }
 
+// Asks L2 for the 128-byte line holding p (PTX ISA "prefetch": a hint, no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Asks L2 (by the whole block) for the lines of global rows [0, rows) x bytes [0, row_bytes) of a
+// block whose rows start stride_bytes apart, so that a later phase's loads of them wait on L2
+// rather than on memory. A row's last address is asked too, for rows that do not start on a line.
+__device__ __forceinline__ void prefetch_rows_l2(const void* base, int64_t stride_bytes, int rows, int row_bytes) {
+  const int lines = row_bytes / 128 + 1;
+  for (int x = threadIdx.x; x < rows * lines; x += blockDim.x) {
+    const int r = x / lines, at = min(x % lines * 128, row_bytes - 1);
+    prefetch_l2(static_cast<const char*>(base) + r * stride_bytes + at);
+  }
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most `kPending` of this thread's committed groups are still in flight.

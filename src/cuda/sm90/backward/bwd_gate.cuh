@@ -6,6 +6,7 @@
 
 #include "cuda/common/activation.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -27,6 +28,14 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads) bwd_gate_kernel(const
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const bool in_kernel = p.gate != GateMode::kPrecomputed;
   const float rate = p.A_log ? expf(load_float(p.A_log, p.A_log_dtype, head)) : 1.f;
+
+  // The chunk's rows, read below a batch at a time from the last: asked into L2 at once.
+  const int64_t first = (c.first_row * f.HV + head) * K, stride = static_cast<int64_t>(f.HV) * K;
+  prefetch_rows_l2(p.ws.dgamma + first, 4 * stride, l, 4 * K);
+  if (in_kernel) {
+    const int g_size = element_bytes(p.g_dtype);
+    prefetch_rows_l2(static_cast<const char*>(p.g) + first * g_size, g_size * stride, l, g_size * K);
+  }
 
   double dA_log = 0.0;  // this thread's share of the chunk's dA_log partial
   for (int d = tid; d < K; d += nthreads) {

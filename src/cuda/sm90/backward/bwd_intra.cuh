@@ -72,6 +72,10 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
   copy_rows_async(dA, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
   copy_rows_async(g, ldk, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   cp_async_commit();
+  // B3's partials, read back at the end of every task: asked into L2 now.
+  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, 4 * K);
+  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, 4 * K);
+  prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
   for (int r = tid; r < C; r += nthreads) beta[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;
   cp_async_wait<0>();
   __syncthreads();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 
 namespace fkt::cuda {
@@ -34,6 +35,16 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
   if (row >= token_rows(f)) return;  // the whole warp leaves together
   const int head = static_cast<int>(s % f.H), lane = threadIdx.x % 32, K = f.K, G = f.HV / f.H;
 
+  // dk's operands, read once dq is stored: asked into L2 now (one line per lane).
+  if (p.dk != nullptr) {
+    const int dk_bytes = 4 * G * K, k_bytes = element_bytes(f.qk_dtype) * K;
+    for (int at = 128 * lane; at < dk_bytes; at += 128 * 32) {
+      prefetch_l2(reinterpret_cast<const char*>(p.ws.dk + (row * f.HV + head * G) * K) + at);
+    }
+    if (f.l2norm && 128 * lane < k_bytes) {
+      prefetch_l2(static_cast<const char*>(f.k) + (row * f.H + head) * k_bytes + 128 * lane);
+    }
+  }
   for (int which = 0; which < 2; ++which) {
     void* out = which == 0 ? p.dq : p.dk;
     if (out == nullptr) continue;

@@ -146,6 +146,12 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
   copy_rows_async(g, ldk, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   cp_async_commit();
+  {  // v and beta, loaded once q and k are in: asked into L2 first
+    const int v_size = element_bytes(p.v_dtype), beta_size = element_bytes(p.beta_dtype);
+    prefetch_rows_l2(static_cast<const char*>(p.v) + row_at(0) * V * v_size, v_size * static_cast<int64_t>(p.HV) * V, l,
+                     v_size * V);
+    for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + row_at(r) * beta_size);
+  }
   const int64_t qk_first = (c.first_row * p.H + qk_head) * K;
   load_rows_as_float<2>({{q, k}}, {{p.q, p.k}}, p.qk_dtype, qk_first, ldk, stride_qk, C, Kp, l, K);
   load_rows_as_float(X, ldx, p.v, p.v_dtype, row_at(0) * V, static_cast<int64_t>(p.HV) * V, C, Vp, l, V);

@@ -4,6 +4,7 @@
 
 #include "cuda/common/activation.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/fwd_gate_cumsum/config.hpp"
 #include "cuda/sm90/fwd_gate_cumsum/params.hpp"
 
@@ -48,6 +49,8 @@ __device__ __forceinline__ void scan_chunk(const GT* __restrict__ g, float* __re
   const GT* src = g + first_row * columns;
   float* dst = gamma + first_row * columns;
   float sum = 0.f;
+  // The batches below wait on their loads one after another: L2 fetches all the rows first.
+  for (int64_t r = 0; r < rows; ++r) prefetch_l2(src + r * columns);
   for (int64_t r0 = 0; r0 < rows; r0 += kBatch) {
     // All loads of a batch are issued before the first use: the gate's branches would otherwise
     // keep the compiler from overlapping one row's load with the previous row's math.
