@@ -109,25 +109,6 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       cp_async_commit();
-      // While this tile's copies are in flight, L2 fetches what the next tile (or phase 2) reads.
-      if (const int next = e0 + kTile; next < V) {
-        const int bytes = 4 * min(kTile, V - next);
-        prefetch_rows_l2(f.ws.states + state + next, 4 * V, K, bytes);
-        prefetch_rows_l2(p.ws.d_states + state + next, 4 * V, K, bytes);
-        prefetch_rows_l2(f.ws.delta + row_at(0) * V + next, 4 * stride_v, l, bytes);
-        prefetch_rows_l2(p.ws.d_delta + row_at(0) * V + next, 4 * stride_v, l, bytes);
-        const int do_size = element_bytes(p.d_o_dtype);
-        prefetch_rows_l2(static_cast<const char*>(p.d_o) + (row_at(0) * V + next) * do_size, do_size * stride_v, l,
-                         do_size * min(kTile, V - next));
-      } else {
-        const int64_t stride_k = static_cast<int64_t>(f.HV) * K;
-        prefetch_rows_l2(f.ws.gamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
-        prefetch_rows_l2(f.ws.q_hat + row_at(0) * K, 4 * stride_k, l, 4 * K);
-        prefetch_rows_l2(f.ws.k_hat + row_at(0) * K, 4 * stride_k, l, 4 * K);
-        prefetch_rows_l2(f.ws.T + row_at(0) * C, 4 * static_cast<int64_t>(f.HV) * C, l, 4 * C);
-        const int v_size = element_bytes(f.v_dtype);
-        prefetch_rows_l2(static_cast<const char*>(f.v) + row_at(0) * V * v_size, v_size * stride_v, l, v_size * V);
-      }
       load_rows_as_float(tile_do, lds, p.d_o, p.d_o_dtype, row_at(0) * V + e0, stride_v, C, kTile, l, width);
       cp_async_wait<0>();
       __syncthreads();
