@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -13,7 +14,7 @@ namespace fkt::cuda {
 struct DpConfig {
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
-  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+  __host__ __device__ static int padded(int x) { return round_up<8>(x); }
   // Row strides 4 (mod 32) for rows read as mma (row g, column t) fragments, P's 8 (mod 32) for its
   // transposed reads.
   __host__ __device__ static int ld_v(int V) { return padded(V) + 4; }

@@ -10,6 +10,7 @@
 
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -20,7 +21,7 @@ struct BwdIntraConfig {
   static constexpr int kThreads = 512;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kCols = 32;  // columns of K per warp
-  __host__ __device__ static int padded(int x) { return (x + 31) / 32 * 32; }
+  __host__ __device__ static int padded(int x) { return round_up<32>(x); }
   // Row strides: 4 (mod 32) for q, k, gamma (read as (row t, column g) B fragments and by rows),
   // 8 (mod 32) for dP, dA (read transposed as A fragments on the column side).
   __host__ __device__ static int ld_k(int K) { return padded(K) + 4; }

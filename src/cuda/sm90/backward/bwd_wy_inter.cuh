@@ -7,6 +7,7 @@
 
 #include "cuda/common/batched.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
@@ -21,7 +22,7 @@ struct WyInterConfig {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
   static constexpr int kRowGroups = 4;  // thread groups splitting the rows of the gamma_L sum
-  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+  __host__ __device__ static int padded(int x) { return round_up<8>(x); }
 };
 
 // fp32 shared memory, offsets in floats; row strides 4 (mod 32) keep the mma operand reads of

@@ -8,6 +8,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/vec4.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -18,7 +19,7 @@ struct IntraConfig {
   static constexpr int kThreads = 512;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kSub = 16;  // sub-chunk rows
-  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+  __host__ __device__ static int padded(int x) { return round_up<8>(x); }
 };
 
 // fp32 shared memory, offsets in floats. The row strides make the mma fragment reads conflict

@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -14,7 +15,7 @@ struct OutputConfig {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 64;
   static constexpr int kWarpCols = 32;  // columns of a warp's output tile (4 mma column tiles)
-  __host__ __device__ static int padded(int x) { return (x + 7) / 8 * 8; }
+  __host__ __device__ static int padded(int x) { return round_up<8>(x); }
   // Row strides: 4 (mod 32) for A operands (Q_up, P), 8 (mod 32) for B operands (h, delta), so
   // the fragment reads are free of bank conflicts.
   __host__ __device__ static int ld_a(int cols) { return padded(cols) + 4; }

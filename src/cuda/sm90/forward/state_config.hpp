@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "cuda/common/round_up.hpp"
+
 namespace fkt::cuda {
 
 struct StateConfig {
@@ -18,7 +20,7 @@ struct StateConfig {
   static constexpr int kBwdThreads = 512;
   static constexpr int kBwdWarpCols = kTileV / (kBwdThreads / kThreads);
   // K rounded up to 16: warp w holds state rows 16w .. 16w + 15 (K <= 128 = 8 warps x 16).
-  __host__ __device__ static int padded(int K) { return (K + 15) / 16 * 16; }
+  __host__ __device__ static int padded(int K) { return round_up<16>(K); }
   // Row strides of [C, Kp] operands: 4 (mod 32) when read as (row g, column t) A fragments, 8 (mod 32)
   // when read transposed; both keep the fragment reads free of bank conflicts.
   __host__ __device__ static int ld_rows(int K) { return padded(K) + 4; }
