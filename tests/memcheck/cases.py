@@ -16,6 +16,7 @@ CASES = [
     dict(B=1, T=97, H=1, HV=1, K=8, V=24, state_v_first=True),
     dict(B=1, T=200, H=2, HV=2, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 200]),
     dict(B=1, T=70, H=1, HV=2, K=64, V=72, cu_seqlens=[0, 0, 3, 3, 70], chunk_size=32),
+    dict(B=1, T=90, H=1, HV=2, K=30, V=13),
 ]
 
 

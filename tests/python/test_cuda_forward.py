@@ -20,6 +20,7 @@ CASES = [
     dict(B=1, T=300, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True),
     dict(B=1, T=200, cu_seqlens=[0, 0, 3, 3, 67, 130, 130, 200], state=True),
     dict(T=1), dict(T=63), dict(T=65), dict(state=False),
+    dict(K=30, V=13, T=90, HV=2, l2norm=True),  # rows not 16-byte aligned: the element-wise fallbacks
 ]
 
 
