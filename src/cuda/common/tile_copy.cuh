@@ -110,7 +110,7 @@ struct Pointers {
 // (element x of block x % N), so their loads are in flight together. 16-byte loads, each thread's
 // issued before its stores, when every row start is 16-byte aligned.
 template <int N, typename T>
-__device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, Pointers<const T*, N> src, int ld,
+__device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, int ld, Pointers<const T*, N> src,
                                                    int64_t stride, int rows, int cols, int valid_rows, int valid_cols) {
   constexpr int kPer = 16 / sizeof(T);
   bool vector = stride % kPer == 0 && cols % kPer == 0 && valid_cols % kPer == 0 && ld % 4 == 0;
@@ -152,15 +152,15 @@ __device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, Poin
 // The same for tensors whose dtype (bf16, fp16 or fp32, one for all) is known at run time; the
 // blocks start at element `offset` of each base.
 template <int N>
-__device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, Pointers<const void*, N> base, DType dtype,
-                                                   int64_t offset, int ld, int64_t stride, int rows, int cols,
+__device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, int ld, Pointers<const void*, N> base,
+                                                   DType dtype, int64_t offset, int64_t stride, int rows, int cols,
                                                    int valid_rows, int valid_cols) {
   auto load = [&](auto element) {
     using T = decltype(element);
     Pointers<const T*, N> src;
 #pragma unroll
     for (int j = 0; j < N; ++j) src.at[j] = static_cast<const T*>(base.at[j]) + offset;
-    load_rows_as_float<N, T>(dst, src, ld, stride, rows, cols, valid_rows, valid_cols);
+    load_rows_as_float<N, T>(dst, ld, src, stride, rows, cols, valid_rows, valid_cols);
   };
   switch (dtype) {
     case DType::kBF16: return load(__nv_bfloat16{});
@@ -172,7 +172,7 @@ __device__ __forceinline__ void load_rows_as_float(Pointers<float*, N> dst, Poin
 // One block: load_rows_as_float for a single tensor.
 __device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const void* base, DType dtype, int64_t offset,
                                                    int64_t stride, int rows, int cols, int valid_rows, int valid_cols) {
-  load_rows_as_float<1>({{dst}}, {{base}}, dtype, offset, ld, stride, rows, cols, valid_rows, valid_cols);
+  load_rows_as_float<1>({{dst}}, ld, {{base}}, dtype, offset, stride, rows, cols, valid_rows, valid_cols);
 }
 
 // Stores (by the whole block) rows [0, rows) x columns [0, cols) of shared memory (row stride ld) to

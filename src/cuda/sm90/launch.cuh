@@ -24,7 +24,7 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t str
 // The precision of a call's tensor-core products (common/mma.cuh): one TF32 product when the
 // inputs are bfloat16 (they carry 8 significant bits, a TF32 operand 11), split 3xTF32 for float16
 // and float32 inputs, whose results then match the CPU backend's to fp32 rounding. The
-// context-parallel summaries always take kSplit3 (an exact map of the entering state).
+// context-parallel summaries take kSummaryProducts.
 inline Products products_for(const Problem& p) {
   return p.input_dtype == DType::kBF16 ? Products::kTf32 : Products::kSplit3;
 }

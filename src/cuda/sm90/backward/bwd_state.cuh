@@ -2,9 +2,8 @@
 // dS is the gradient of the state leaving the chunk: it is stored, d_delta += K_down dS, and
 // dS <- diag(exp(gamma_L)) dS + s Q_up^T dO - W^T d_delta. dS stays fp32 in registers (warp w
 // holds rows 16 (w % 8) .. + 15 and 16 of the tile's columns, mirrored to shared memory as the B
-// operand of K_down dS), the
-// products run on tensor cores and the previous chunk's operands are copied in meanwhile, as in
-// fwd_state.
+// operand of K_down dS), the products run on tensor cores and the previous chunk's operands are
+// copied in meanwhile, as in fwd_state.
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -162,7 +161,7 @@ __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
 // One block per (value head, 32-column tile of V + K) of the one sequence.
 __global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
-  bwd_state_pass<true, Products::kSplit3>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
+  bwd_state_pass<true, kSummaryProducts>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -1,5 +1,6 @@
 // Host side of the CUDA backward: recompute the forward intermediates (F1 to F4, keeping T and the
-// activated inputs), then B1 to B8 and the parameter-gradient reduction. No allocation, no copy
+// activated inputs) unless the forward kept them (keep_forward), then B1 to B8 and the
+// parameter-gradient reduction. No allocation, no copy
 // and no synchronisation: everything is enqueued on the caller's stream.
 #include "core/error.hpp"
 #include "cuda/backend.hpp"
@@ -119,13 +120,13 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
   params.bwd.d_o_dtype = grad.dtype;
   params.sequence = sequence;
   params.summary = summary;
-  forward_local_stages(p, params.bwd.fwd, Products::kSplit3, stream);
+  forward_local_stages(p, params.bwd.fwd, kSummaryProducts, stream);
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   // B1 on zero new values, as the CPU summary runs it: the summary must not depend on the forward
   // from the true entering state, and B1's d_delta (P^T dO) does not; its dP comes out zero, unused.
   FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
-  launch(bwd_dp_kernel<Products::kSplit3>, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
+  launch(bwd_dp_kernel<kSummaryProducts>, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes(p.chunk, p.K, p.V), s, params.bwd);
   launch(cp_backward_summary_kernel, cp_summary_grid(p), StateConfig::kBwdThreads,
          BwdStateLayout::bytes(p.chunk, p.K), s, params);

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + row_at(r) * beta_size);
   }
   const int64_t qk_first = (c.first_row * p.H + qk_head) * K;
-  load_rows_as_float<2>({{q, k}}, {{p.q, p.k}}, p.qk_dtype, qk_first, ldk, stride_qk, C, Kp, l, K);
+  load_rows_as_float<2>({{q, k}}, ldk, {{p.q, p.k}}, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
   load_rows_as_float(X, ldx, p.v, p.v_dtype, row_at(0) * V, static_cast<int64_t>(p.HV) * V, C, Vp, l, V);
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     l2norm_rows(k, l, K, ldk);
   }
   __syncthreads();
-  if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
+  if (p.ws.q_hat != nullptr) {  // kept for the backward (B0, or keep_forward): what its stages read again
     store_rows(p.ws.q_hat + row_at(0) * K, stride_k, q, ldk, l, K);
     store_rows(p.ws.k_hat + row_at(0) * K, stride_k, k, ldk, l, K);
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];

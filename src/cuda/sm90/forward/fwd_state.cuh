@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(con
 // register cap for two blocks per SM.
 __global__ void __launch_bounds__(StateConfig::kThreads)
     cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
-  fwd_state_pass<true, Products::kSplit3>(p.fwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
+  fwd_state_pass<true, kSummaryProducts>(p.fwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

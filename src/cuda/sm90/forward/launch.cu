@@ -86,8 +86,13 @@ void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
   forward_stages(p, make_params(p, out), products_for(p), stream);
 }
 
-// F1 to F3 write into the forward's workspace; the widened F4 keeps its state in shared memory.
-uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return forward_workspace_bytes(p); }
+// F1 to F3 write into the forward's own layout (nothing kept for a backward); the widened F4 keeps
+// its state in shared memory.
+uint64_t cp_forward_summary_workspace_bytes(const Problem& p) {
+  Carver measure;
+  ForwardWorkspace::carve(measure, p, false);
+  return measure.bytes();
+}
 
 void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
   Carver carver(workspace);
@@ -95,7 +100,7 @@ void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char
   params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false));
   params.sequence = sequence;
   params.summary = summary;
-  forward_local_stages(p, params.fwd, Products::kSplit3, stream);
+  forward_local_stages(p, params.fwd, kSummaryProducts, stream);
   const DeviceGuard device(p.device.device_id);
   launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
          static_cast<cudaStream_t>(stream), params);

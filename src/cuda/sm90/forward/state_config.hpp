@@ -19,7 +19,8 @@ struct StateConfig {
   // columns each) to keep twice as many products in flight.
   static constexpr int kBwdThreads = 512;
   static constexpr int kBwdWarpCols = kTileV / (kBwdThreads / kThreads);
-  // K rounded up to 16: warp w holds state rows 16w .. 16w + 15 (K <= 128 = 8 warps x 16).
+  // K rounded up to 16: row group w (a warp of fwd_state, two of bwd_state) holds state rows
+  // 16w .. 16w + 15 (K <= 128 = 8 groups x 16).
   __host__ __device__ static int padded(int K) { return round_up<16>(K); }
   // Row strides of [C, Kp] operands: 4 (mod 32) when read as (row g, column t) A fragments, 8 (mod 32)
   // when read transposed; both keep the fragment reads free of bank conflicts.

@@ -20,7 +20,7 @@ struct ForwardWorkspace {
                            // of a chunk's rows and columns after reading the same rows and columns of U
   float* states;           // [chunks, HV, K, V] state entering each chunk (F4)
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
-  // Kept by the backward's recompute only (nullptr in the forward):
+  // For the backward (B0's recompute, or a forward with keep_forward); nullptr otherwise:
   float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
   float* q_hat;            // [B*T, HV, K] q as the value head reads it (l2-normalised when requested)
   float* k_hat;            // [B*T, HV, K]
