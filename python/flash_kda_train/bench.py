@@ -319,7 +319,8 @@ class Device:
 
     def copy_rate_tbps(self, reps: int = 5) -> Optional[float]:
         """Device-to-device copy of the flush buffer (read + write bytes over the median time): the
-        rate benchmarks.md quotes (about 4.3 TB/s on the H200). None off CUDA."""
+        rate benchmarks.md quotes (about 4.3 TB/s on the H200). None without a flush buffer (off
+        CUDA, or --flush-mib 0)."""
         if self.flush is None:
             return None
         dst = torch.empty_like(self.flush)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+import flash_kda_train as fkt
+
+# Marks a test, module or parameter that needs a CUDA GPU and the library's CUDA backend.
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
+                                reason="needs a CUDA GPU and a library built with the CUDA backend")
 
 
 def make_inputs(B=2, T=100, H=2, HV=None, K=16, V=16, dtype=torch.float32, gate_in_kernel=False,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import make_inputs, rel_rms
+from kda_cases import make_inputs, needs_cuda, rel_rms
 
 
 def args(x):
@@ -144,8 +144,7 @@ class TinyKDA(torch.nn.Module):
 @pytest.mark.parametrize("disable_recompute,segment_size", [(False, None), (True, None), (False, 64)])
 @pytest.mark.parametrize("device,backend", [
     ("cpu", "aot_eager"),
-    pytest.param("cuda", "inductor", marks=pytest.mark.skipif(
-        not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend")),
+    pytest.param("cuda", "inductor", marks=needs_cuda),
 ])
 def test_torch_compile_fullgraph_matches_eager(device, backend, disable_recompute, segment_size):
     torch.manual_seed(0)
@@ -161,26 +160,18 @@ def test_torch_compile_fullgraph_matches_eager(device, backend, disable_recomput
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_disable_recompute_gives_the_same_gradients(device):
     """With disable_recompute the CUDA backward reads the forward's intermediates instead of
     recomputing them (the same kernels wrote them): every gradient is bitwise the same. The CPU
     backend always recomputes."""
     x = make_inputs(B=2, T=130, H=2, HV=4, K=32, V=48, gate_in_kernel=True, requires_grad=False)
     leaves = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
-    results = []
-    for disable_recompute in (False, True):
-        ins = {n: t.clone().requires_grad_() for n, t in leaves.items()
-               if isinstance(t, torch.Tensor) and t.is_floating_point()}
-        o, ht = fkt.chunk_kda(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"], initial_state=ins["initial_state"],
-                              output_final_state=True, use_gate_in_kernel=True, A_log=ins["A_log"],
-                              dt_bias=ins["dt_bias"], disable_recompute=disable_recompute)
-        torch.manual_seed(1)
-        torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
-        results.append([o, ht] + [ins[n].grad for n in sorted(ins)])
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
+    recomputed, kept = (run_with_grads(x, device, use_gate_in_kernel=True, disable_recompute=keep)
+                        for keep in (False, True))
+    assert recomputed.keys() == kept.keys()
+    for name, value in recomputed.items():
+        assert torch.equal(value, kept[name]), name
     o, final_state, context = fkt.forward(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                                           use_gate_in_kernel=True, A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
                                           disable_recompute=True)
@@ -203,8 +194,7 @@ def run_with_grads(x, device, **kw):
     return {"o": o, "ht": ht, **{"d" + n: t.grad for n, t in ins.items()}}
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not (torch.cuda.is_available() and fkt.has_cuda()), reason="needs a CUDA GPU and the CUDA backend"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("B,T,segment,cu,state,opts", [
     (1, 300, 64, None, True, dict()),                                 # five segments, a short last one
     (2, 200, 128, None, True, dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0)),  # strided

@@ -12,11 +12,10 @@ import torch.nn.functional as F
 
 import flash_kda_train as fkt
 from flash_kda_train import _core, cp
-from kda_cases import capture_graph, rel_rms
+from kda_cases import capture_graph, needs_cuda, rel_rms
 from test_cp import CASES, check_errors, run_world
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
-                                reason="needs a CUDA GPU and a library built with the CUDA backend")
+pytestmark = needs_cuda
 
 # name -> (shape and options, summarised sequence). Weak decay (0.05 * logsigmoid) so that M does not
 # vanish over a sequence and its comparison means something.

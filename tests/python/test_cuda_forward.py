@@ -5,10 +5,9 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import capture_graph, make_inputs, rel_rms
+from kda_cases import capture_graph, make_inputs, needs_cuda, rel_rms
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
-                                reason="needs a CUDA GPU and a library built with the CUDA backend")
+pytestmark = needs_cuda
 
 CASES = [
     dict(),

@@ -18,10 +18,8 @@ fla_backends = pytest.importorskip("fla.backends")
 import flash_kda_train as fkt  # noqa: E402
 from flash_kda_train import _lib  # noqa: E402
 from flash_kda_train import fla as plugin  # noqa: E402
-from kda_cases import rel_rms  # noqa: E402
+from kda_cases import needs_cuda, rel_rms  # noqa: E402
 
-gpu = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
-                         reason="needs a CUDA GPU and a library built with the CUDA backend")
 
 
 def registry():
@@ -71,7 +69,7 @@ THRESHOLDS = dict(o=0.005, final_state=0.005, dq=0.008, dk=0.008, dv=0.008, dg=0
                   dA_log=0.003, ddt_bias=0.008)
 
 
-@gpu
+@needs_cuda
 @pytest.mark.parametrize("case", GRID, ids=[f"case{i}" for i in range(len(GRID))])
 def test_fla_chunk_kda_runs_ours_and_matches_gold(case, monkeypatch):
     B, T, H, HV, D, scale, l2, gate, safe, mask_p, dtype, chunk, recompute_off, cu = case

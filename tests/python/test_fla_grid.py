@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import flash_kda_train as fkt
-from kda_cases import LEAVES
+from kda_cases import LEAVES, needs_cuda
 
-CUDA = torch.cuda.is_available() and fkt.has_cuda()
 F16, BF16 = torch.float16, torch.bfloat16
 
 # B, T, H, HV, D, scale, normalizer, mask_p, l2norm in op, gate in op, dtype, safe_gate, disable_recompute, C
@@ -122,10 +121,9 @@ def varlen_inputs(case):
 def run_case(leaves, options, d_final, device, thresholds):
     leaves = {n: (t.to(device).requires_grad_() if t is not None else None) for n, t in leaves.items()}
     options = dict(options)
-    if options.get("cu_seqlens") is not None:
-        options["cu_seqlens_cpu"] = options["cu_seqlens"]
-        options["cu_seqlens"] = options["cu_seqlens"].to(device)
-    host_offsets = options.pop("cu_seqlens_cpu", None)
+    host_offsets = options.get("cu_seqlens")  # the offsets as built, on the host
+    if host_offsets is not None:
+        options["cu_seqlens"] = host_offsets.to(device)
     o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                           initial_state=leaves["initial_state"], output_final_state=True, A_log=leaves["A_log"],
                           dt_bias=leaves["dt_bias"], cu_seqlens_cpu=host_offsets, **options)
@@ -146,13 +144,10 @@ def run_case(leaves, options, d_final, device, thresholds):
         check_fla(name, ref, leaves[leaf].grad, thresholds[name])
 
 
-NEEDS_CUDA = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a library built with the CUDA backend")
-
-
 def params(kind: str, cases):
     for index, case in enumerate(cases):
         yield pytest.param(case, "cpu", id=f"{kind}{index}-cpu")
-        yield pytest.param(case, "cuda", marks=NEEDS_CUDA, id=f"{kind}{index}-cuda")
+        yield pytest.param(case, "cuda", marks=needs_cuda, id=f"{kind}{index}-cuda")
 
 
 @pytest.mark.parametrize("case,device", list(params("dense", DENSE)))
