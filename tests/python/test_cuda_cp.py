@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import flash_kda_train as fkt
 from flash_kda_train import _core, cp
 from kda_cases import capture_graph, needs_cuda, rel_rms
 from test_cp import CASES, check_errors, run_world
