@@ -91,6 +91,28 @@ __device__ __forceinline__ void copy_rows_async(float* dst, int ld, const float*
   else copy_cells_async<1>(dst, ld, src, stride, rows, cols, valid_rows, valid_cols);
 }
 
+// Enqueues (by the whole block) the copy of a [rows, cols] block of 16-bit rows with global row
+// stride `stride` elements into shared memory with row stride ld elements, zero-filling rows >=
+// valid_rows and columns >= valid_cols: the elements as they are, no conversion. 16-byte cp.async
+// copies when every row start is 16-byte aligned, else one synchronous copy per element.
+template <typename T>
+__device__ __forceinline__ void copy_rows16_async(T* dst, int ld, const T* src, int64_t stride, int rows, int cols,
+                                                  int valid_rows, int valid_cols) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  const bool vector = stride % 8 == 0 && ld % 8 == 0 && cols % 8 == 0 && valid_cols % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (vector) {
+    for_each_cell<8>(rows, cols / 8, stride, ld, [&](int r, int c, int64_t g, int s) {
+      const bool in = r < valid_rows && c < valid_cols;
+      cp_async<16>(reinterpret_cast<float*>(dst + s), reinterpret_cast<const float*>(in ? src + g : src), in);
+    });
+    return;
+  }
+  for_each_cell<1>(rows, cols, stride, ld, [&](int r, int c, int64_t g, int s) {
+    dst[s] = r < valid_rows && c < valid_cols ? src[g] : T(0.f);
+  });
+}
+
 // N pointers, passed by value (a by-reference array could be left in local memory).
 template <typename P, int N>
 struct Pointers {

@@ -3,6 +3,9 @@
 
 #include <type_traits>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "core/error.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/mma.cuh"
@@ -35,6 +38,15 @@ template <typename F>
 void with_products(Products products, F f) {
   if (products == Products::kTf32) f(std::integral_constant<Products, Products::kTf32>{});
   else f(std::integral_constant<Products, Products::kSplit3>{});
+}
+
+// How fwd_intra keeps q, k and v in shared memory (IntraConfig): in their dtype when all three
+// are bfloat16 or all float16, else as fp32. Calls f(element) with a value of that type.
+template <typename F>
+void with_intra_storage(DType q_dtype, DType v_dtype, F f) {
+  if (q_dtype == v_dtype && q_dtype == DType::kBF16) return f(__nv_bfloat16{});
+  if (q_dtype == v_dtype && q_dtype == DType::kF16) return f(__half{});
+  f(float{});
 }
 
 // The inputs, options and shapes every stage reads; outputs are left null for the caller to set.

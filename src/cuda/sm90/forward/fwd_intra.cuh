@@ -15,36 +15,47 @@
 
 namespace fkt::cuda {
 
+// In: how q, k and v sit in shared memory. 16-bit inputs (q, k and v of one dtype) keep their
+// dtype there, exactly, which halves those tiles and lets two blocks share an SM; anything else is
+// widened to fp32 and one block of 512 threads takes the SM.
+template <typename In>
 struct IntraConfig {
-  static constexpr int kThreads = 512;
+  static constexpr bool kNarrow = sizeof(In) == 2;
+  static constexpr int kThreads = kNarrow ? 256 : 512;
+  static constexpr int kMinBlocks = kNarrow ? 2 : 1;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kSub = 16;  // sub-chunk rows
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
 };
 
-// fp32 shared memory, offsets in floats. The row strides make the mma fragment reads conflict
-// free: ldk, ldc = 4 (mod 32) for operands read as (row g, column t), ldx = 8 (mod 32) for the B
-// operand read as (row t, column g) (g = lane / 4, t = lane % 4).
+// Shared memory, offsets in bytes. Row strides keep the mma fragment reads free of bank conflicts:
+// 4 words (mod 32) for operands read as (row g, column t), 8 (mod 32) for B operands read as
+// (row t, column g) (g = lane / 4, t = lane % 4); a 16-bit row of Kp + 8 elements is 4 words (mod 32)
+// when Kp is a multiple of 64, and two lanes reading one word do not conflict.
+template <typename In>
 struct IntraLayout {
-  int ldk, ldx, ldc;
-  int q, k, g, x, A, T, Y, beta, floats;
+  int ldk, ldv, ldg, ldc;  // elements: q and k (In), v (In), gamma (fp32), A and T (fp32)
+  int q, k, g, va, T, Y, beta, scale_q, scale_k, bytes;
 
   __host__ __device__ IntraLayout(int C, int K, int V) {
-    const int Kp = IntraConfig::padded(K), Vp = IntraConfig::padded(V);
-    ldk = Kp + 4;
-    ldx = (Kp > Vp ? Kp : Vp) + 8;
+    constexpr int kSub = IntraConfig<In>::kSub, kIn = sizeof(In);
+    const int Kp = IntraConfig<In>::padded(K), Vp = IntraConfig<In>::padded(V);
+    ldk = Kp + (kIn == 2 ? 8 : 4);
+    ldv = Vp + 8;
+    ldg = Kp + 4;
     ldc = C + 4;
-    q = 0;                                          // [C, ldk] q, l2-normalised when asked
-    k = q + C * ldk;                                // [C, ldk]
-    g = k + C * ldk;                                // [C, ldk] gamma * log2(e)
-    x = g + C * ldk;                                // [C, ldx] v, then beta * k * exp(gamma)
-    A = x + C * ldx;                                // [C, ldc] strictly lower
-    T = A + C * ldc;                                // [C, ldc] P (staged), then (I + A)^-1; zeroed with A
-    Y = T + C * ldc;                                // [C / 16 - 1, 16, 16] partial products of T
-    beta = Y + (C / IntraConfig::kSub - 1) * IntraConfig::kSub * IntraConfig::kSub;  // [C]
-    floats = beta + C;
+    const int v_bytes = C * ldv * kIn, a_bytes = C * ldc * 4;
+    q = 0;                                          // [C, ldk] q as given (l2 norm: scale_q)
+    k = q + C * ldk * kIn;                          // [C, ldk] k as given (l2 norm: scale_k)
+    g = k + C * ldk * kIn;                          // [C, ldg] gamma * log2(e)
+    va = g + C * ldg * 4;                           // [C, ldc] A (strictly lower), then [C, ldv] v
+    T = va + (v_bytes > a_bytes ? v_bytes : a_bytes);  // [C, ldc] P (staged), then (I + A)^-1
+    Y = T + C * ldc * 4;                            // [C / 16 - 1, 16, 16] partial products of T
+    beta = Y + (C / kSub - 1) * kSub * kSub * 4;    // [C]
+    scale_q = beta + C * 4;                         // [C]
+    scale_k = scale_q + C * 4;                      // [C]
+    bytes = scale_k + C * 4;
   }
-  static size_t bytes(int C, int K, int V) { return sizeof(float) * IntraLayout(C, K, V).floats; }
 };
 
 __device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
@@ -53,16 +64,33 @@ __device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
   return mode == BetaMode::kSigmoid ? s : 2.f * s;
 }
 
-// Scales each of `rows` rows of x [rows, K] (row stride ld) by 1 / sqrt(sum of squares + 1e-6)
-// (kda-math.md 2.3).
-__device__ __forceinline__ void l2norm_rows(float* x, int rows, int K, int ld) {
+// scale[r] = 1 / sqrt(sum of squares of row r + 1e-6) for the rows r < rows of x [C, K] (row
+// stride ld) when `l2norm` (kda-math.md 2.3), else 1: q_hat = q * scale, formed where it is read,
+// the same fp32 product as scaling the rows in place.
+template <typename In>
+__device__ __forceinline__ void row_scales(const In* x, int rows, int C, int K, int ld, bool l2norm, float* scale) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < rows; r += IntraConfig::kWarps) {
-    float sum = 0.f;
-    for (int d = lane; d < K; d += 32) sum += x[r * ld + d] * x[r * ld + d];
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float rstd = 1.f / sqrtf(sum + 1e-6f);  // as bwd_prepare and the CPU evaluate it
-    for (int d = lane; d < K; d += 32) x[r * ld + d] *= rstd;
+  for (int r = warp; r < C; r += IntraConfig<In>::kWarps) {
+    float rstd = 1.f;
+    if (l2norm && r < rows) {
+      float sum = 0.f;
+      for (int d = lane; d < K; d += 32) sum += to_float(x[r * ld + d]) * to_float(x[r * ld + d]);
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      rstd = 1.f / sqrtf(sum + 1e-6f);  // as bwd_prepare and the CPU evaluate it
+    }
+    if (lane == 0) scale[r] = rstd;
+  }
+}
+
+// Four consecutive elements of a shared-memory row as floats (16-bit rows: one 8-byte load).
+template <typename In>
+__device__ __forceinline__ float4 load4_as_float(const In* p) {
+  if constexpr (sizeof(In) == 4) {
+    return load4(p);
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const In* e = reinterpret_cast<const In*>(&raw);
+    return {to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3])};
   }
 }
 
@@ -80,9 +108,9 @@ __device__ __forceinline__ int2 strict_pair(int idx) {
 // kTf32 (bfloat16 inputs): warp tasks (block, 8-column half) on tensor cores in split 3xTF32.
 // kSplit3 (float16 / float32 inputs): fp32 FMAs, one thread per element: the inverse keeps fp32
 // accuracy (3xTF32 drifted the float32 context-parallel gradients past their 1e-5 check).
-template <Products kP>
+template <Products kP, int kWarps>
 __device__ __forceinline__ void invert_below_diagonal(const float* A, float* T, float* Y, int ldc, int subs) {
-  constexpr int kSub = IntraConfig::kSub, kWarps = IntraConfig::kWarps;
+  constexpr int kSub = 16;
   const int tid = threadIdx.x, warp = tid / 32;
   for (int dist = 1; dist < subs; ++dist) {
     if constexpr (kP == Products::kTf32) {
@@ -120,64 +148,82 @@ __device__ __forceinline__ void invert_below_diagonal(const float* A, float* T, 
   }
 }
 
-template <Products kP>
-__global__ void __launch_bounds__(IntraConfig::kThreads, 1)
+template <Products kP, typename In>
+__global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kMinBlocks)
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
-  constexpr int kSub = IntraConfig::kSub, kWarps = IntraConfig::kWarps;
+  using Config = IntraConfig<In>;
+  constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
   const ChunkSpan c = chunk_span(p, blockIdx.x);
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
   const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows);
-  const int Kp = IntraConfig::padded(K), Vp = IntraConfig::padded(V);
+  const int Kp = Config::padded(K), Vp = Config::padded(V);
   const int subs = C / kSub, live = (l + kSub - 1) / kSub;  // sub-chunks, those holding tokens
-  const IntraLayout L(C, K, V);
-  const int ldk = L.ldk, ldx = L.ldx, ldc = L.ldc;
-  extern __shared__ __align__(16) float smem[];
-  float* q = smem + L.q;
-  float* k = smem + L.k;
-  float* g = smem + L.g;
-  float* X = smem + L.x;
-  float* A = smem + L.A;
-  float* T = smem + L.T;
-  float* Y = smem + L.Y;
-  float* beta = smem + L.beta;
+  const IntraLayout<In> L(C, K, V);
+  const int ldk = L.ldk, ldv = L.ldv, ldg = L.ldg, ldc = L.ldc;
+  extern __shared__ __align__(16) char smem_bytes[];
+  In* q = reinterpret_cast<In*>(smem_bytes + L.q);
+  In* k = reinterpret_cast<In*>(smem_bytes + L.k);
+  float* g = reinterpret_cast<float*>(smem_bytes + L.g);
+  float* A = reinterpret_cast<float*>(smem_bytes + L.va);
+  In* vs = reinterpret_cast<In*>(smem_bytes + L.va);  // once A is dead
+  float* T = reinterpret_cast<float*>(smem_bytes + L.T);
+  float* Y = reinterpret_cast<float*>(smem_bytes + L.Y);
+  float* beta = reinterpret_cast<float*>(smem_bytes + L.beta);
+  float* scale_q = reinterpret_cast<float*>(smem_bytes + L.scale_q);
+  float* scale_k = reinterpret_cast<float*>(smem_bytes + L.scale_k);
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
+  // q_hat, k_hat (l2-normalised when asked) as fp32.
+  auto q_at = [&](int r, int d) { return to_float(q[r * ldk + d]) * scale_q[r]; };
+  auto k_at = [&](int r, int d) { return to_float(k[r * ldk + d]) * scale_k[r]; };
+  auto q4 = [&](int r, int d) { return map4([&](float x) { return x * scale_q[r]; }, load4_as_float(q + r * ldk + d)); };
+  auto k4 = [&](int r, int d) { return map4([&](float x) { return x * scale_k[r]; }, load4_as_float(k + r * ldk + d)); };
 
   // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
-  copy_rows_async(g, ldk, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  const int64_t stride_v = static_cast<int64_t>(p.HV) * V, qk_first = (c.first_row * p.H + qk_head) * K;
+  copy_rows_async(g, ldg, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  if constexpr (Config::kNarrow) {
+    copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
+    copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
+  }
   cp_async_commit();
-  {  // v and beta, loaded once q and k are in: asked into L2 first
+  {  // v and beta, loaded later: asked into L2 first
     const int v_size = element_bytes(p.v_dtype), beta_size = element_bytes(p.beta_dtype);
-    prefetch_rows_l2(static_cast<const char*>(p.v) + row_at(0) * V * v_size, v_size * static_cast<int64_t>(p.HV) * V, l,
-                     v_size * V);
+    prefetch_rows_l2(static_cast<const char*>(p.v) + row_at(0) * V * v_size, v_size * stride_v, l, v_size * V);
     for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + row_at(r) * beta_size);
   }
-  const int64_t qk_first = (c.first_row * p.H + qk_head) * K;
-  load_rows_as_float<2>({{q, k}}, ldk, {{p.q, p.k}}, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
-  load_rows_as_float(X, ldx, p.v, p.v_dtype, row_at(0) * V, static_cast<int64_t>(p.HV) * V, C, Vp, l, V);
+  if constexpr (!Config::kNarrow) {
+    load_rows_as_float<2>({{q, k}}, ldk, {{p.q, p.k}}, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+  }
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
   }
-  for (int x = 4 * tid; x < 2 * C * ldc; x += 4 * nthreads) store4(A + x, float4{0.f, 0.f, 0.f, 0.f});  // A and T
+  for (int x = 4 * tid; x < C * ldc; x += 4 * nthreads) {
+    store4(A + x, float4{0.f, 0.f, 0.f, 0.f});
+    store4(T + x, float4{0.f, 0.f, 0.f, 0.f});
+  }
   cp_async_wait<0>();
   __syncthreads();
-  to_log2_units(g, C, Kp, ldk);
-  if (p.l2norm) {
-    l2norm_rows(q, l, K, ldk);
-    l2norm_rows(k, l, K, ldk);
-  }
+  to_log2_units(g, C, Kp, ldg);
+  row_scales(q, l, C, K, ldk, p.l2norm, scale_q);
+  row_scales(k, l, C, K, ldk, p.l2norm, scale_k);
   __syncthreads();
-  if (p.ws.q_hat != nullptr) {  // kept for the backward (B0, or keep_forward): what its stages read again
-    store_rows(p.ws.q_hat + row_at(0) * K, stride_k, q, ldk, l, K);
-    store_rows(p.ws.k_hat + row_at(0) * K, stride_k, k, ldk, l, K);
+  const bool vector = K % 4 == 0;  // 16-byte aligned global rows of K floats
+  if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
+    float* q_hat = p.ws.q_hat + row_at(0) * K;
+    float* k_hat = p.ws.k_hat + row_at(0) * K;
+    for_each_cell<4>(l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int) {
+      store_first(q_hat + at, q4(r, d), K - d, vector);
+      store_first(k_hat + at, k4(r, d), K - d, vector);
+    });
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];
   }
 
   // P (staged in T) and A: diagonal blocks, P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r,
   // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r (exponents <= 0 for non-positive gates).
   // One thread per pair i < r; the diagonal (P only, no exponential) goes to the threads left over,
-  // several each, so that a 64-row chunk takes one round of 512 threads.
+  // several each (with 512 threads a 64-row chunk takes one round).
   constexpr int kStrict = kSub * (kSub - 1) / 2;
   const int strict = live * kStrict;
   for (int x = tid; x < strict; x += nthreads) {
@@ -186,11 +232,8 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     if (r >= l) continue;
     float qk = 0.f, kk = 0.f;
     for (int d = 0; d < Kp; d += 4) {
-      const float4 gr = *reinterpret_cast<const float4*>(g + r * ldk + d);
-      const float4 gi = *reinterpret_cast<const float4*>(g + i * ldk + d);
-      const float4 qr = *reinterpret_cast<const float4*>(q + r * ldk + d);
-      const float4 kr = *reinterpret_cast<const float4*>(k + r * ldk + d);
-      const float4 ki = *reinterpret_cast<const float4*>(k + i * ldk + d);
+      const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
+      const float4 qr = q4(r, d), kr = k4(r, d), ki = k4(i, d);
       const float e0 = exp2_fast(gr.x - gi.x) * ki.x, e1 = exp2_fast(gr.y - gi.y) * ki.y,
                   e2 = exp2_fast(gr.z - gi.z) * ki.z, e3 = exp2_fast(gr.w - gi.w) * ki.w;
       qk += qr.x * e0 + qr.y * e1 + qr.z * e2 + qr.w * e3;
@@ -203,8 +246,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   for (int r = tid - spare; r >= 0 && r < l; r += nthreads - spare) {
     float qk = 0.f;
     for (int d = 0; d < Kp; d += 4) {
-      const float4 qr = *reinterpret_cast<const float4*>(q + r * ldk + d);
-      const float4 kr = *reinterpret_cast<const float4*>(k + r * ldk + d);
+      const float4 qr = q4(r, d), kr = k4(r, d);
       qk += qr.x * kr.x + qr.y * kr.y + qr.z * kr.z + qr.w * kr.w;
     }
     T[r * ldc + r] = p.scale * qk;
@@ -218,23 +260,23 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     while ((R + 1) * R / 2 <= task) ++R;
     const int R0 = R * kSub, c0 = (task - R * (R - 1) / 2) * kSub;
     const int gq = lane / 4, t = lane % 4;
-    const float* g_ref = g + R0 * ldk;
+    const float* g_ref = g + R0 * ldg;
     float acc_p[2][4] = {}, acc_a[2][4] = {};
     for (int k0 = 0; k0 < Kp; k0 += 8) {
       FragA fq, fk;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
-        const float e = r < l ? exp2_fast(g[r * ldk + d] - g_ref[d]) : 0.f;
-        fq.x[j] = split_tf32<kP>(q[r * ldk + d] * e);
-        fk.x[j] = split_tf32<kP>(k[r * ldk + d] * e);
+        const float e = r < l ? exp2_fast(g[r * ldg + d] - g_ref[d]) : 0.f;
+        fq.x[j] = split_tf32<kP>(q_at(r, d) * e);
+        fk.x[j] = split_tf32<kP>(k_at(r, d) * e);
       }
       const int d0 = k0 + t, d1 = k0 + t + 4;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const int i = c0 + 8 * n + gq;
-        const SplitTf32 b0 = split_tf32<kP>(k[i * ldk + d0] * exp2_fast(g_ref[d0] - g[i * ldk + d0]));
-        const SplitTf32 b1 = split_tf32<kP>(k[i * ldk + d1] * exp2_fast(g_ref[d1] - g[i * ldk + d1]));
+        const SplitTf32 b0 = split_tf32<kP>(k_at(i, d0) * exp2_fast(g_ref[d0] - g[i * ldg + d0]));
+        const SplitTf32 b1 = split_tf32<kP>(k_at(i, d1) * exp2_fast(g_ref[d1] - g[i * ldg + d1]));
         mma_split<kP>(acc_p[n], fq, b0, b1);
         mma_split<kP>(acc_a[n], fk, b0, b1);
       }
@@ -249,7 +291,7 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
   // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
   // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
   // the diagonal hold zero since the start.
-  if (const int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs) {
+  for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs; b += 2 * kWarps) {
     const float* a = A + b * kSub * (ldc + 1);
     float col[kSub];
 #pragma unroll
@@ -263,21 +305,29 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
     for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
   }
   __syncthreads();
-  invert_below_diagonal<kP>(A, T, Y, ldc, subs);
+  invert_below_diagonal<kP, kWarps>(A, T, Y, ldc, subs);
 
+  // A is dead: v into its place.
+  if constexpr (Config::kNarrow) {
+    copy_rows16_async(vs, ldv, static_cast<const In*>(p.v) + row_at(0) * V, stride_v, C, Vp, l, V);
+    cp_async_commit();
+  } else {
+    load_rows_as_float(vs, ldv, p.v, p.v_dtype, row_at(0) * V, stride_v, C, Vp, l, V);
+  }
   if (p.ws.T != nullptr) {
     store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   }
   // U = T diag(beta) V, then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
-  // reads T's columns below 16 (R + 1) only (T is lower triangular). beta scales T's columns for U.
-  auto product = [&](int width, float* out, bool beta_columns) {
+  // reads T's columns below 16 (R + 1) only (T is lower triangular). beta scales T's columns for U;
+  // W's operand beta_i k_hat[i, e] exp(gamma[i, e]) is formed as its fragments are read.
+  auto product = [&](int width, float* out, bool beta_columns, auto b) {
     const int groups = (width + 31) / 32;
     for (int task = warp; task < live * groups; task += kWarps) {
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
       warp_mma<kP, 4>(acc, 0, R0 + kSub,
                       [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
-                      [&](int i, int e) { return c0 + e < width ? X[i * ldx + c0 + e] : 0.f; });
+                      [&](int i, int e) { return c0 + e < width ? b(i, c0 + e) : 0.f; });
       const bool paired = pairs_aligned(out, DType::kF32, width);
       for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
         if (R0 + r < l && c0 + e < width) {
@@ -286,24 +336,21 @@ __global__ void __launch_bounds__(IntraConfig::kThreads, 1)
       });
     }
   };
-  product(V, p.ws.U, true);
+  cp_async_wait<0>();
   __syncthreads();
-  const float* g_last = g + (l - 1) * ldk;
+  product(V, p.ws.U, true, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
+  const float* g_last = g + (l - 1) * ldg;
   float* q_up = p.ws.q_up + row_at(0) * K;
   float* k_down = p.ws.k_down + row_at(0) * K;
-  const bool vector = K % 4 == 0;  // 16-byte aligned global rows
-  for_each_cell<4>(C, Kp / 4, stride_k, ldk, [&](int r, int d, int64_t at, int s) {
-    const float4 gr = load4(g + s), kr = load4(k + s);
+  for_each_cell<4>(l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
+    const float4 gr = load4(g + s), kr = k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
-    store4(X + r * ldx + d, map4([&](float kx, float u) { return beta[r] * kx * u; }, kr, up));
-    if (r >= l) return;
-    store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, load4(q + s), up), K - d, vector);
+    store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
     const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
                              load4(g_last + d), gr);
     store_first(k_down + at, down, K - d, vector);
   });
-  __syncthreads();
-  product(K, p.ws.W, false);
+  product(K, p.ws.W, false, [&](int i, int e) { return beta[i] * k_at(i, e) * exp2_fast(g[i * ldg + e]); });
 }
 
 }  // namespace fkt::cuda

@@ -61,8 +61,11 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
   if (p.varlen) launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, s, params);
   fwd_gate_cumsum(p, params.ws.gamma, stream);
   with_products(products, [&](auto kp) {
-    launch(fwd_intra_kernel<decltype(kp)::value>, dim3(chunks, heads), IntraConfig::kThreads,
-           IntraLayout::bytes(p.chunk, p.K, p.V), s, params);
+    with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
+      using In = decltype(in);
+      launch(fwd_intra_kernel<decltype(kp)::value, In>, dim3(chunks, heads), IntraConfig<In>::kThreads,
+             IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+    });
   });
 }
 
