@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // P (staged in T) and A: diagonal blocks, P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r,
   // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r (exponents <= 0 for non-positive gates).
   // One thread per pair i < r; the diagonal (P only, no exponential) goes to the threads left over,
-  // several each (with 512 threads a 64-row chunk takes one round).
+  // several each (512 threads take a 64-row chunk in one round, 256 in two).
   constexpr int kStrict = kSub * (kSub - 1) / 2;
   const int strict = live * kStrict;
   for (int x = tid; x < strict; x += nthreads) {

@@ -63,7 +63,11 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
   with_products(products, [&](auto kp) {
     with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
       using In = decltype(in);
-      launch(fwd_intra_kernel<decltype(kp)::value, In>, dim3(chunks, heads), IntraConfig<In>::kThreads,
+      const auto kernel = fwd_intra_kernel<decltype(kp)::value, In>;
+      // Two blocks of about 105 KB share an SM only under the largest shared-memory carveout.
+      FKT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+      launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
              IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
     });
   });
