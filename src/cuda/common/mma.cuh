@@ -73,25 +73,28 @@ __device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, Split
   mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.hi, y.hi);
 }
 
-// acc[n] += A[16, k_begin:k_end] B[k_begin:k_end, 8N] for one warp, over k-steps of 8 (the range
-// a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
-// coordinates, k absolute.
+// The B fragment of one k-step and one 8-column tile, split.
+struct FragB {
+  SplitTf32 x, y;
+};
+
+// acc[n] += A B over the k-steps of 8 in [k_begin, k_end) for one warp, with a(k) -> FragA and
+// b(k, n) -> FragB the fragments of the k-step at k (common to warp_mma and pair_mma).
 // kSplit3: the lo*hi terms go to a second accumulator, added at the end: each accumulator's chain
 // of dependent mma is one or two per k-step instead of three.
-template <Products kP, int N, typename LoadA, typename LoadB>
-__device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+template <Products kP, int N, typename FragAAt, typename FragBAt>
+__device__ __forceinline__ void mma_steps(float (&acc)[N][4], int k_begin, int k_end, FragAAt a, FragBAt b) {
   float low[N][4] = {};
   for (int k = k_begin; k < k_end; k += 8) {
-    const FragA fa = load_frag_a<kP>(a, k);
+    const FragA fa = a(k);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      const SplitTf32 x = split_tf32<kP>(b(k + t, 8 * n + g)), y = split_tf32<kP>(b(k + t + 4, 8 * n + g));
+      const FragB fb = b(k, n);
       if constexpr (kP == Products::kSplit3) {
-        mma_tf32(low[n], fa.x[0].lo, fa.x[1].lo, fa.x[2].lo, fa.x[3].lo, x.hi, y.hi);
-        mma_tf32(low[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.lo, y.lo);
+        mma_tf32(low[n], fa.x[0].lo, fa.x[1].lo, fa.x[2].lo, fa.x[3].lo, fb.x.hi, fb.y.hi);
+        mma_tf32(low[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, fb.x.lo, fb.y.lo);
       }
-      mma_tf32(acc[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, x.hi, y.hi);
+      mma_tf32(acc[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, fb.x.hi, fb.y.hi);
     }
   }
   if constexpr (kP == Products::kSplit3) {
@@ -103,38 +106,56 @@ __device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_
   }
 }
 
-// Tile coordinates of accumulator element i (0..3) of n-tile n.
-__device__ __forceinline__ int acc_row(int i) { return threadIdx.x % 32 / 4 + (i >= 2 ? 8 : 0); }
+// acc[n] += A[16, k_begin:k_end] B[k_begin:k_end, 8N] for one warp, over k-steps of 8 (the range
+// a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
+// coordinates, k absolute.
+template <Products kP, int N, typename LoadA, typename LoadB>
+__device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  mma_steps<kP>(
+      acc, k_begin, k_end, [&](int k) { return load_frag_a<kP>(a, k); },
+      [&](int k, int n) { return FragB{split_tf32<kP>(b(k + t, 8 * n + g)), split_tf32<kP>(b(k + t + 4, 8 * n + g))}; });
+}
+
+// Tile coordinates of accumulator element i (0..3) of n-tile n. kInterleaved: the rows of an
+// interleaved product (common/mma_pairs.cuh), where the lane's rows g and g + 8 are 2g and 2g + 1.
+template <bool kInterleaved = false>
+__device__ __forceinline__ int acc_row(int i) {
+  const int g = threadIdx.x % 32 / 4;
+  return kInterleaved ? 2 * g + (i >= 2 ? 1 : 0) : g + (i >= 2 ? 8 : 0);
+}
 __device__ __forceinline__ int acc_col(int n, int i) { return 8 * n + threadIdx.x % 4 * 2 + (i & 1); }
 
 // Calls f(row, col, value) for each accumulator element of the lane, in tile coordinates.
-template <int N, typename F>
+template <bool kInterleaved = false, int N, typename F>
 __device__ __forceinline__ void for_each_acc(const float (&acc)[N][4], F f) {
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) f(acc_row(i), acc_col(n, i), acc[n][i]);
+    for (int i = 0; i < 4; ++i) f(acc_row<kInterleaved>(i), acc_col(n, i), acc[n][i]);
   }
 }
 
 // Calls f(row, col, {element at col, element at col + 1}) for each pair of adjacent accumulator
 // elements of the lane (a pair shares its row; col is even).
-template <int N, typename F>
+template <bool kInterleaved = false, int N, typename F>
 __device__ __forceinline__ void for_each_acc_pair(const float (&acc)[N][4], F f) {
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int i = 0; i < 4; i += 2) f(acc_row(i), acc_col(n, i), make_float2(acc[n][i], acc[n][i + 1]));
+    for (int i = 0; i < 4; i += 2) {
+      f(acc_row<kInterleaved>(i), acc_col(n, i), make_float2(acc[n][i], acc[n][i + 1]));
+    }
   }
 }
 
 // acc element = f(row, col, element) for each accumulator element of the lane.
-template <int N, typename F>
+template <bool kInterleaved = false, int N, typename F>
 __device__ __forceinline__ void transform_acc(float (&acc)[N][4], F f) {
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] = f(acc_row(i), acc_col(n, i), acc[n][i]);
+    for (int i = 0; i < 4; ++i) acc[n][i] = f(acc_row<kInterleaved>(i), acc_col(n, i), acc[n][i]);
   }
 }
 

@@ -1,13 +1,15 @@
 // B2 on CUDA, one block per (sequence, value head, V-tile), walking the chunks in reverse.
 // dS is the gradient of the state leaving the chunk: it is stored, d_delta += K_down dS, and
 // dS <- diag(exp(gamma_L)) dS + s Q_up^T dO - W^T d_delta. dS stays fp32 in registers (warp w
-// holds rows 16 (w % 8) .. + 15 and 16 of the tile's columns, mirrored to shared memory as the B
-// operand of K_down dS), the products run on tensor cores and the previous chunk's operands are
-// copied in meanwhile, as in fwd_state.
+// holds rows 16 (w % 8) .. + 15, interleaved as the accumulator of Q_up^T dO, and 16 of the
+// tile's columns), mirrored transposed to shared memory as the B operand of K_down dS; d_delta
+// goes there transposed too, so that the operands are read in pairs (common/mma_pairs.cuh). The
+// products run on tensor cores and the previous chunk's operands are copied in meanwhile, as in
+// fwd_state.
 #pragma once
 
 #include "cuda/common/convert.cuh"
-#include "cuda/common/mma.cuh"
+#include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/cp/params.hpp"
@@ -31,14 +33,15 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns with dO, d_delta
-  const int ldr = StateConfig::ld_rows(K), ldt = StateConfig::ld_transposed(K);
+  const int ldk = StateConfig::ld_k_rows(K), ldm = StateConfig::ld_mn_rows(K);
+  const int ldd = StateConfig::ld_k_rows(C), ldo = StateConfig::ld_mn_rows(kTile);
   const SequenceSpan seq = sequence_span(f, n);
   const BwdStateLayout L(C, K);
   extern __shared__ __align__(16) float smem[];
   float* kd = smem + L.kd;
   float* dd_intra = smem + L.dd_intra;
-  float* dd = smem + L.dd;
-  float* dS = smem + L.ds;
+  float* dd_t = smem + L.dd;
+  float* dS_t = smem + L.ds;
   float* qu = smem + L.qu;
   float* W = smem + L.w;
   float* d_o = smem + L.d_o;
@@ -53,20 +56,20 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   // Group A: K_down and the intra d_delta of chunk j; group B: Q_up, W and gamma_L. Rows past the
   // end and padding are zero.
   auto issue_delta = [&](int64_t j) {
-    copy_rows_async(kd, ldr, f.ws.k_down + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(kd, ldk, f.ws.k_down + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(dd_intra, kLd, p.ws.d_delta + row_of(j) * V + e0, stride_v, C, kTile, rows_of(j), values);
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
-    copy_rows_async(qu, ldt, f.ws.q_up + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
-    copy_rows_async(W, ldt, f.ws.W + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(qu, ldm, f.ws.q_up + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(W, ldm, f.ws.W + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(g_last, Kp, f.ws.gamma + (row_of(j) + static_cast<int64_t>(rows_of(j) - 1) * f.HV) * K, stride_k,
                     1, Kp, 1, K);
     cp_async_commit();
   };
 
-  float ds[kCols / 8][4];
-  transform_acc(ds, [&](int r, int col, float) {
+  float ds[kCols / 8][4];  // interleaved rows: acc_row<true>
+  transform_acc<true>(ds, [&](int r, int col, float) {
     const int d = row0 + r, e = col0 + col;
     if constexpr (kSummary) return owner && d < K && e < width && e0 + e == V + d ? 1.f : 0.f;
     else return p.d_final_state != nullptr && owner && d < K && e < width
@@ -77,12 +80,23 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     issue_delta(chunks - 1);
     issue_update(chunks - 1);
   }
+  const bool states_paired = pairs_aligned(p.ws.d_states, DType::kF32, V);
+  const bool delta_paired = pairs_aligned(p.ws.d_delta, DType::kF32, V);
   for (int64_t j = chunks - 1; j >= 0; --j) {
     const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;
     if (owner) {
-      // Every reader of dS waited at the later chunk's barriers.
-      for_each_acc(ds, [&](int r, int e, float x) { dS[(row0 + r) * kLd + col0 + e] = x; });
+      // The mirror (every reader of it waited at the later chunk's barriers) and the stores.
+      const int64_t base = (chunk_row * f.HV + head) * static_cast<int64_t>(K) * V + e0;
+      for_each_acc_pair<true>(ds, [&](int r, int col, float2 x) {
+        const int d = row0 + r, e = col0 + col;
+        dS_t[e * ldk + d] = as_operand<kP>(x.x);
+        dS_t[(e + 1) * ldk + d] = as_operand<kP>(x.y);
+        if (!kSummary && d < K && e < width) {
+          store_pair(p.ws.d_states, DType::kF32, base + static_cast<int64_t>(d) * V + e, x, e + 1 < width,
+                     states_paired);
+        }
+      });
     }
     float pre[kPrefetch];  // s * dO of this chunk, loaded while d_delta is computed
 #pragma unroll
@@ -97,54 +111,55 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     if (warp < C / 16 * 2) {
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
-      warp_mma<kP, 2>(acc, 0, Kp, [&](int r, int d) { return kd[(R0 + r) * ldr + d]; },
-                      [&](int d, int e) { return dS[d * kLd + c0 + e]; });
-      for_each_acc(acc, [&](int r, int e, float x) {
+      mma_steps<kP>(
+          acc, 0, Kp, [&](int k) { return frag_a_k_rows<kP>(kd + R0 * ldk, ldk, k); },
+          [&](int k, int n) { return frag_b_k_rows<kP>(dS_t + (c0 + 8 * n) * ldk, ldk, k); });
+      for_each_acc_pair(acc, [&](int r, int e, float2 x) {
         const int row = R0 + r, col = c0 + e;
-        dd[row * kLd + col] = row < l ? dd_intra[row * kLd + col] + x : 0.f;
+        const float2 intra = load2(dd_intra + row * kLd + col);
+        const float2 dd = row < l ? make_float2(intra.x + x.x, intra.y + x.y) : make_float2(0.f, 0.f);
+        dd_t[col * ldd + row] = as_operand<kP>(dd.x);
+        dd_t[(col + 1) * ldd + row] = as_operand<kP>(dd.y);
+        if (!kSummary && row < l && col < width) {
+          store_pair(p.ws.d_delta, DType::kF32, (row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + col, dd,
+                     col + 1 < width, delta_paired);
+        }
       });
-    }
-    if (!kSummary) {
-      store_rows(p.ws.d_states + (chunk_row * f.HV + head) * static_cast<int64_t>(K) * V + e0, V, dS, kLd, K, width);
     }
 #pragma unroll
     for (int i = 0; i < kPrefetch; ++i) {
       const int x = tid + i * kThreads;
-      if (x < C * kTile) d_o[x / kTile * kLd + x % kTile] = pre[i];
+      if (x < C * kTile) d_o[x / kTile * ldo + x % kTile] = as_operand<kP>(pre[i]);
     }
-    __syncthreads();  // K_down and the intra part are consumed; d_delta and s * dO are complete
-    if (!kSummary) store_rows(p.ws.d_delta + row_of(j) * V + e0, stride_v, dd, kLd, l, width);
-    if (j > 0) {
-      issue_delta(j - 1);
-      cp_async_wait<1>();  // group B of chunk j
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    cp_async_wait<0>();  // group B of chunk j
+    __syncthreads();     // K_down, the intra part and dS^T are consumed; d_delta^T, s * dO, Q_up, W are in
+    if (j > 0) issue_delta(j - 1);
     if (owner) {
-      transform_acc(ds, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
-      warp_mma<kP, kCols / 8>(ds, 0, C, [&](int d, int r) { return qu[r * ldt + row0 + d]; },
-                              [&](int r, int e) { return d_o[r * kLd + col0 + e]; });
+      transform_acc<true>(ds, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
+      mma_steps<kP>(
+          ds, 0, C, [&](int k) { return frag_a_m_rows<kP>(qu + row0, ldm, k); },
+          [&](int k, int n) { return frag_b_n_rows<kP>(d_o + col0 + 8 * n, ldo, k); });
       float w_dd[kCols / 8][4] = {};
-      warp_mma<kP, kCols / 8>(w_dd, 0, C, [&](int d, int r) { return W[r * ldt + row0 + d]; },
-                              [&](int r, int e) { return dd[r * kLd + col0 + e]; });
+      mma_steps<kP>(
+          w_dd, 0, C, [&](int k) { return frag_a_m_rows<kP>(W + row0, ldm, k); },
+          [&](int k, int n) { return frag_b_k_rows<kP>(dd_t + (col0 + 8 * n) * ldd, ldd, k); });
 #pragma unroll
       for (int t = 0; t < kCols / 8; ++t) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) ds[t][i] -= w_dd[t][i];
       }
     }
-    __syncthreads();  // Q_up, W and gamma_L are consumed
+    __syncthreads();  // Q_up, W, gamma_L, d_delta^T and s * dO are consumed
     if (j > 0) issue_update(j - 1);
   }
   if constexpr (kSummary) {
     if (!owner) return;
-    for_each_acc(ds, [&](int r, int col, float x) {
+    for_each_acc<true>(ds, [&](int r, int col, float x) {
       const int e = col0 + col;
       if (row0 + r < K && e < width) summary[(static_cast<int64_t>(head) * K + row0 + r) * columns + e0 + e] = x;
     });
   } else if (p.dh0 != nullptr && owner) {
-    for_each_acc(ds, [&](int r, int col, float x) {
+    for_each_acc<true>(ds, [&](int r, int col, float x) {
       const int e = col0 + col;
       if (row0 + r < K && e < width) p.dh0[state_index(f, n, head, row0 + r, e0 + e)] = x;
     });

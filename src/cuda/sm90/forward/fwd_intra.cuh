@@ -8,6 +8,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/vec4.cuh"
@@ -320,6 +321,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // U = T diag(beta) V, then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
   // reads T's columns below 16 (R + 1) only (T is lower triangular). beta scales T's columns for U;
   // W's operand beta_i k_hat[i, e] exp(gamma[i, e]) is formed as its fragments are read.
+  // W, K_down and Q_up are stored as operands of the state passes' products (as_operand).
   auto product = [&](int width, float* out, bool beta_columns, auto b) {
     const int groups = (width + 31) / 32;
     for (int task = warp; task < live * groups; task += kWarps) {
@@ -330,6 +332,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
                       [&](int i, int e) { return c0 + e < width ? b(i, c0 + e) : 0.f; });
       const bool paired = pairs_aligned(out, DType::kF32, width);
       for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
+        if (!beta_columns) pair = make_float2(as_operand<kP>(pair.x), as_operand<kP>(pair.y));  // W
         if (R0 + r < l && c0 + e < width) {
           store_pair(out, DType::kF32, row_at(R0 + r) * width + c0 + e, pair, c0 + e + 1 < width, paired);
         }
@@ -345,9 +348,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   for_each_cell<4>(l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
     const float4 gr = load4(g + s), kr = k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
-    store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
-    const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
-                             load4(g_last + d), gr);
+    const float4 q_up_r = map4([](float qx, float u) { return as_operand<kP>(qx * u); }, q4(r, d), up);
+    store_first(q_up + at, q_up_r, K - d, vector);
+    const float4 down = map4([](float kx, float last, float gx) { return as_operand<kP>(kx * exp2_fast(last - gx)); },
+                             kr, load4(g_last + d), gr);
     store_first(k_down + at, down, K - d, vector);
   });
   product(K, p.ws.W, false, [&](int i, int e) { return beta[i] * k_at(i, e) * exp2_fast(g[i * ldg + e]); });

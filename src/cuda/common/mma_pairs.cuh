@@ -1,0 +1,71 @@
+// Tensor-core products (common/mma.cuh) whose fragments a lane reads as adjacent pairs: one 64-bit
+// shared-memory load for two elements, and no conversion for kTf32.
+//
+// The mma sums over k, so any order of k that A and B share gives the same product: here logical
+// k = t and k = t + 4 of a k-step at k0 are the adjacent k0 + 2t and k0 + 2t + 1. An operand stored
+// with k along its rows ("k rows") is then read in pairs. An A operand stored with m along its rows
+// ("m rows", the transposed operand of a K^T V product) is read in pairs when its rows interleave:
+// fragment rows g and g + 8 are the adjacent 2g and 2g + 1, and so are the accumulator's rows
+// (acc_row<true>). The B operand of an "n rows" layout ([k][n]) is read one element at a time.
+//
+// kTf32 operands must be TF32-rounded where they are stored (as_operand), since the mma truncates
+// whatever bits it ignores; kSplit3 operands are split as they are read. The products themselves
+// are mma_steps with these fragments.
+//
+// Row strides that keep the reads free of bank conflicts (a 64-bit access is served per half warp):
+// 8 (mod 32) for k rows, 4 (mod 32) for m rows and n rows.
+#pragma once
+
+#include "cuda/common/mma.cuh"
+
+namespace fkt::cuda {
+
+// x as a stored operand: TF32-rounded for kTf32, as it is for kSplit3.
+template <Products kP>
+__device__ __forceinline__ float as_operand(float x) {
+  return kP == Products::kTf32 ? __uint_as_float(round_tf32(x)) : x;
+}
+
+template <Products kP>
+__device__ __forceinline__ SplitTf32 stored_operand(float x) {
+  if constexpr (kP == Products::kTf32) return {__float_as_uint(x), 0u};
+  else return split_tf32<kP>(x);
+}
+
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// A fragment of the k-step at k0 from k rows: a at the tile's first row, row stride ld.
+template <Products kP>
+__device__ __forceinline__ FragA frag_a_k_rows(const float* a, int ld, int k0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float2 top = load2(a + g * ld + k0 + 2 * t), bottom = load2(a + (g + 8) * ld + k0 + 2 * t);
+  return {{stored_operand<kP>(top.x), stored_operand<kP>(bottom.x), stored_operand<kP>(top.y),
+           stored_operand<kP>(bottom.y)}};
+}
+
+// A fragment of the k-step at k0 from m rows, interleaved: a at the tile's first column (m) of
+// row 0 (k), row stride ld.
+template <Products kP>
+__device__ __forceinline__ FragA frag_a_m_rows(const float* a, int ld, int k0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float2 first = load2(a + (k0 + 2 * t) * ld + 2 * g), second = load2(a + (k0 + 2 * t + 1) * ld + 2 * g);
+  return {{stored_operand<kP>(first.x), stored_operand<kP>(first.y), stored_operand<kP>(second.x),
+           stored_operand<kP>(second.y)}};
+}
+
+// B fragment of the k-step at k0 from k rows: b at the 8-column tile's first row (n).
+template <Products kP>
+__device__ __forceinline__ FragB frag_b_k_rows(const float* b, int ld, int k0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float2 pair = load2(b + g * ld + k0 + 2 * t);
+  return {stored_operand<kP>(pair.x), stored_operand<kP>(pair.y)};
+}
+
+// B fragment of the k-step at k0 from n rows: b at the 8-column tile's first column of row 0 (k).
+template <Products kP>
+__device__ __forceinline__ FragB frag_b_n_rows(const float* b, int ld, int k0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  return {stored_operand<kP>(b[(k0 + 2 * t) * ld + g]), stored_operand<kP>(b[(k0 + 2 * t + 1) * ld + g])};
+}
+
+}  // namespace fkt::cuda
