@@ -12,11 +12,16 @@
 
 namespace fkt::cuda {
 
+// 16-byte copies bypass L1 (.cg: the tiles are read once, from shared memory); smaller ones cannot.
 template <int kBytes>
 __device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
   const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(to), "l"(src), "n"(kBytes),
-               "r"(valid ? kBytes : 0));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(to), "l"(src), "n"(kBytes),
+                 "r"(valid ? kBytes : 0));
+  }
 }
 
 // Asks L2 for the 128-byte line holding p (PTX ISA "prefetch": a hint, no register, no wait).
