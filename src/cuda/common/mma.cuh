@@ -79,7 +79,8 @@ struct FragB {
 };
 
 // acc[n] += A B over the k-steps of 8 in [k_begin, k_end) for one warp, with a(k) -> FragA and
-// b(k, n) -> FragB the fragments of the k-step at k (common to warp_mma and pair_mma).
+// b(k, n) -> FragB the fragments of the k-step at k (warp_mma's element reads, or the paired
+// reads of common/mma_pairs.cuh).
 // kSplit3: the lo*hi terms go to a second accumulator, added at the end: each accumulator's chain
 // of dependent mma is one or two per k-step instead of three.
 template <Products kP, int N, typename FragAAt, typename FragBAt>
@@ -112,9 +113,9 @@ __device__ __forceinline__ void mma_steps(float (&acc)[N][4], int k_begin, int k
 template <Products kP, int N, typename LoadA, typename LoadB>
 __device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  mma_steps<kP>(
-      acc, k_begin, k_end, [&](int k) { return load_frag_a<kP>(a, k); },
-      [&](int k, int n) { return FragB{split_tf32<kP>(b(k + t, 8 * n + g)), split_tf32<kP>(b(k + t + 4, 8 * n + g))}; });
+  mma_steps<kP>(acc, k_begin, k_end, [&](int k) { return load_frag_a<kP>(a, k); }, [&](int k, int n) {
+    return FragB{split_tf32<kP>(b(k + t, 8 * n + g)), split_tf32<kP>(b(k + t + 4, 8 * n + g))};
+  });
 }
 
 // Tile coordinates of accumulator element i (0..3) of n-tile n. kInterleaved: the rows of an
