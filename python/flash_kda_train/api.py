@@ -100,9 +100,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state):
     flags = [cfg.use_qk_l2norm_in_kernel, cfg.use_gate_in_kernel, cfg.use_beta_sigmoid_in_kernel,
              cfg.allow_neg_eigval, cfg.safe_gate, cfg.disable_recompute, cfg.state_v_first]
-    o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(
-        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg.scale, cfg.lower_bound,
-        cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
+    args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg.scale, cfg.lower_bound,
+            cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
+    if torch.compiler.is_compiling():  # the custom op, so the graph holds it without a break
+        o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(*args)
+    else:
+        o, final_state = _ops.EagerChunkKda.apply(*args)
     return o, (final_state if output_final_state else None)
 
 
