@@ -114,7 +114,8 @@ typedef struct fkt_sizes {
   /* 1 when the backward reads the forward's intermediates instead of recomputing them (the option
    * disable_recompute on the CUDA backend): both workspace sizes are then equal, and fkt_backward
    * must get, as its workspace, the buffer fkt_forward was given, unmodified, with the same inputs
-   * and options. 0: the backward recomputes and its workspace is any buffer of its size. */
+   * and options; it writes gradients over intermediates there, so the buffer serves one
+   * fkt_backward. 0: the backward recomputes and its workspace is any buffer of its size. */
   int32_t backward_reads_forward_workspace;
 } fkt_sizes;
 

@@ -189,7 +189,10 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
     struct = _lib.ForwardOutputs(**{name: pointer(d) for name, d in outs.items()})
     _lib.check(_lib.lib.fkt_forward(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct),
                                     call.stream()))
-    return ForwardResult(o, final_state, h, workspace if sizes.backward_reads_forward_workspace else None)
+    if not sizes.backward_reads_forward_workspace:
+        return ForwardResult(o, final_state, h, None)
+    _USED_WORKSPACES.discard(_address(fw, workspace))
+    return ForwardResult(o, final_state, h, workspace)
 
 
 def _like(fw: Framework, t, dtype: Optional[str] = None):
@@ -209,20 +212,39 @@ def _grads(fw: Framework, cfg: Config, inputs: Inputs, dtype: Optional[str] = No
     )
 
 
+# Addresses of the kept forward workspaces that a backward has run on. The backward writes some of
+# its gradients over intermediates it has read (docs/design.md, "What backward needs from forward"),
+# so a second backward on the same workspace would be wrong: it is refused. A forward that keeps a
+# workspace clears its address, since a freed workspace's memory may come back to a later one.
+_USED_WORKSPACES = set()
+
+WORKSPACE_USED = ("disable_recompute=True: a backward already ran on this forward's kept workspace and wrote "
+                  "gradients over its intermediates; run one backward per forward, or use disable_recompute=False "
+                  "to run several (for example with retain_graph=True)")
+
+
+def _address(fw: Framework, t) -> int:
+    return fw.describe(t).struct.data or 0
+
+
 def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved`` is the
-    forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it)."""
+    forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it; once)."""
     call = Call(fw, cfg, inputs)
     sizes = call.sizes()
     if sizes.backward_reads_forward_workspace:
         if saved is None:
             raise ValueError("disable_recompute: the CUDA backward reads the forward's intermediates; pass the "
                              "forward's saved workspace (ForwardResult.saved)")
+        if _address(fw, saved) in _USED_WORKSPACES:
+            raise RuntimeError(WORKSPACE_USED)
         workspace = saved
     else:
         workspace = call.buffer(sizes.backward_workspace_bytes)
     grads = _grads(fw, cfg, inputs)
     _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward)
+    if sizes.backward_reads_forward_workspace:
+        _USED_WORKSPACES.add(_address(fw, saved))
     return grads
 
 

@@ -204,6 +204,38 @@ def test_disable_recompute_gives_the_same_gradients(device):
             fkt.backward(dataclasses.replace(context, saved=None), torch.ones_like(o))
 
 
+def test_a_kept_workspace_serves_one_backward(monkeypatch):
+    """With disable_recompute on CUDA the backward writes gradients over the intermediates it read
+    from the forward's kept workspace, so the Python layer refuses a second backward on it (the C
+    library cannot tell). The CPU backend keeps nothing: here the planner's answer is stubbed to
+    "kept" and the C forward and backward to no-ops (test_cuda_backward runs the real case)."""
+    from flash_kda_train import _abi, _lib
+
+    planned = _abi.Call.sizes
+
+    def kept(call):
+        sizes = planned(call)
+        sizes.backward_reads_forward_workspace = 1
+        sizes.forward_workspace_bytes = sizes.backward_workspace_bytes = 64
+        return sizes
+
+    memory = torch.empty(64, dtype=torch.uint8)  # every workspace in the same memory, as after a free
+    monkeypatch.setattr(_abi.Call, "sizes", kept)
+    monkeypatch.setattr(_abi.Call, "buffer", lambda call, nbytes: memory)
+    monkeypatch.setattr(_lib.lib, "fkt_forward", lambda *a: 0)
+    monkeypatch.setattr(_lib.lib, "fkt_backward", lambda *a: 0)
+    x = make_inputs(requires_grad=False)
+    o, _, context = fkt.forward(*args(x))
+    assert context.saved is memory
+    fkt.backward(context, torch.ones_like(o))
+    with pytest.raises(RuntimeError, match="a backward already ran on this forward's kept workspace"):
+        fkt.backward(context, torch.ones_like(o))
+    o, _, later = fkt.forward(*args(x))  # a new forward's workspace, in that memory, serves its backward
+    fkt.backward(later, torch.ones_like(o))
+    with pytest.raises(RuntimeError, match="run one backward per forward, or use disable_recompute=False"):
+        fkt.backward(later, torch.ones_like(o))
+
+
 def run_with_grads(x, device, **kw):
     """o, the final state and every input's gradient of one chunk_kda call on `device`."""
     ins = {n: t.detach().to(device).requires_grad_() for n, t in x.items()

@@ -128,3 +128,24 @@ def test_forward_backward_in_one_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("disable_recompute", [False, True])
+def test_second_backward_through_one_forward(disable_recompute):
+    """retain_graph: recomputing backwards run again with the same gradients; a backward that read
+    the forward's kept workspace (disable_recompute) wrote gradients over it, so a second one is
+    refused instead of reading them as intermediates."""
+    torch.manual_seed(0)
+    x = make_inputs(gate_in_kernel=True, requires_grad=False)
+    leaves = {n: t.cuda().requires_grad_() for n, t in x.items() if t is not None}
+    o, _ = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                         initial_state=leaves["initial_state"], use_gate_in_kernel=True, A_log=leaves["A_log"],
+                         dt_bias=leaves["dt_bias"], disable_recompute=disable_recompute)
+    loss = o.float().square().sum()
+    first = torch.autograd.grad(loss, list(leaves.values()), retain_graph=True)
+    if disable_recompute:
+        with pytest.raises(RuntimeError, match="a backward already ran on this forward's kept workspace"):
+            torch.autograd.grad(loss, list(leaves.values()))
+        return
+    for a, b in zip(first, torch.autograd.grad(loss, list(leaves.values()))):
+        assert torch.equal(a, b)
