@@ -15,13 +15,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/products.hpp"
+
 namespace fkt::cuda {
-
-enum class Products { kSplit3, kTf32 };
-
-// The context-parallel summaries' products, whatever the inputs: a map of the entering state as
-// exact as fp32 (sm90/launch.cuh, products_for, has the op's own).
-constexpr Products kSummaryProducts = Products::kSplit3;
 
 struct SplitTf32 {
   uint32_t hi, lo;

@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 #include "cuda/common/check.cuh"
-#include "cuda/common/mma.cuh"
+#include "cuda/common/products.hpp"
 #include "cuda/sm90/forward/params.hpp"
 #include "cuda/sm90/forward/state_config.hpp"
 
