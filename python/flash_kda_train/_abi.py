@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import numbers
 import warnings
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -124,6 +125,9 @@ class Framework:
 def host_offsets(fw: Framework, cu_seqlens, cu_seqlens_cpu):
     """``cu_seqlens_cpu`` as the planner reads it: the one given, else a host copy of device offsets
     (one device-to-host copy), else None (cu_seqlens itself lives on the host)."""
+    if cu_seqlens is None and cu_seqlens_cpu is not None:
+        raise ValueError("cu_seqlens_cpu: given without cu_seqlens (it is the host copy of cu_seqlens; FLA ignores "
+                         "it then, which would silently run the batch as dense sequences)")
     if cu_seqlens is None or cu_seqlens_cpu is not None or fw.on_host(cu_seqlens):
         return cu_seqlens_cpu
     return fw.to_host(cu_seqlens)
@@ -302,8 +306,11 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
             raise ValueError("transpose_state_layout: deprecated alias of state_v_first; pass only state_v_first")
         warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=4)
         state_v_first = bool(kwargs["transpose_state_layout"])
+    chunk_size = kwargs.get("chunk_size", 64)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise ValueError(f"chunk_size: expected an integer (32 or 64), got {chunk_size!r}")
     cfg = Config(scale=float(scale if scale is not None else head_dim ** -0.5), lower_bound=lower_bound,
-                 chunk_size=int(kwargs.get("chunk_size", 64)),
+                 chunk_size=int(chunk_size),
                  use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
                  use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),
                  safe_gate=bool(safe_gate), disable_recompute=bool(disable_recompute),

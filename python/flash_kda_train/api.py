@@ -39,10 +39,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
     """Drop-in for FLA's ``chunk_kda``: same arguments, defaults and return values.
 
-    ``use_graph`` and ``max_num_seqs`` (FLA 0.6's CUDA-graph mode) are accepted and need nothing:
-    the op allocates only through torch and never synchronises, so it is graph-safe, provided the
-    host offsets ``cu_seqlens_cpu`` come with a CUDA ``cu_seqlens`` (otherwise planning copies the
-    offsets to the host once per call).
+    The op allocates only through torch and never synchronises, so a CUDA graph can capture it,
+    provided the host offsets ``cu_seqlens_cpu`` come with a CUDA ``cu_seqlens`` (otherwise planning
+    copies the offsets to the host once per call); a replay computes the offsets of the capture.
+    ``use_graph`` (FLA 0.6's graph mode, whose replays take new offsets in the same ``cu_seqlens``)
+    is therefore refused with ``cu_seqlens`` and needs nothing without; ``max_num_seqs`` goes with it.
 
     Returns ``(o, final_state)`` (``final_state`` is None unless ``output_final_state``), or
     ``(o, final_state, h)`` with ``return_intermediate_states`` (inference mode only). Extra
@@ -64,6 +65,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     torch.distributed group: the inputs are this rank's slice of the packed batch, the result is
     ``(o, None)`` for that slice (see ``flash_kda_train.cp``).
     """
+    if use_graph and cu_seqlens is not None:
+        raise ValueError("use_graph: not supported with cu_seqlens (FLA's graph mode replays one graph with new "
+                         "offsets; this op sizes its kernels from each call's offsets, so a replay would compute the "
+                         "captured ones): call with use_graph=False, capturing one graph per offsets if needed")
     segment_size = kwargs.pop("segment_size", None)
     cfg, A_log, dt_bias, cu_seqlens_cpu = _resolve(
         q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,

@@ -212,6 +212,9 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, cfg, layout, cu_seqlens, cu_seqlens_cpu):
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, cu_seqlens_cpu)
+        # Every rank validates the call before the exchange: an error on the ranks that summarise must
+        # not leave the others waiting in the collective.
+        _cp_sizes(_call(cfg, inputs))
         summary = _empty_summary(inputs)
         if layout.post > 0:
             summary = forward_summary(cfg, inputs, layout.num_seqs - 1)
@@ -228,6 +231,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o):
         q, k, v, g, beta, A_log, dt_bias, first_state = ctx.saved_tensors
         cfg, layout = ctx.cfg, ctx.layout

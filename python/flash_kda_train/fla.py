@@ -14,7 +14,7 @@ import torch
 from fla.backends import BaseBackend, register
 from fla.ops.kda.chunk import chunk_kda as _fla_chunk_kda
 
-from . import api, has_cuda
+from . import _abi, api, has_cuda
 
 logger = logging.getLogger(__name__)
 _declined: set = set()
@@ -24,7 +24,7 @@ _MAX_VALUE_HEADS = 65535
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _reason(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph):
+def _reason(q, k, v, g, beta, cu_seqlens, cp_context, use_graph, kwargs):
     """Why our CUDA backend cannot take the call, or None."""
     if not has_cuda():
         return "this flash_kda_train build has no CUDA backend"
@@ -41,8 +41,11 @@ def _reason(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph)
         return f"head dims K = {q.shape[-1]}, V = {v.shape[-1]} (supported: <= {_MAX_HEAD_DIM})"
     if v.shape[2] > _MAX_VALUE_HEADS:
         return f"{v.shape[2]} value heads (supported: <= {_MAX_VALUE_HEADS})"
-    if use_graph and cu_seqlens is not None and cu_seqlens_cpu is None:
-        return "use_graph with cu_seqlens needs cu_seqlens_cpu (planning reads the offsets on the host)"
+    if use_graph and cu_seqlens is not None:
+        return "use_graph with cu_seqlens (FLA's graph mode replays new offsets; ours would compute the captured ones)"
+    unknown = sorted(set(kwargs) - _abi.KNOWN_KWARGS - {"segment_size"})
+    if unknown:
+        return f"keyword arguments {unknown} (FLA ignores them; flash_kda_train refuses them)"
     return None
 
 
@@ -61,7 +64,7 @@ class FlashKDATrainBackend(BaseBackend):
                            allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
                            return_intermediate_states=False, state_v_first=False, cu_seqlens=None,
                            cu_seqlens_cpu=None, cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
-        reason = _reason(q, k, v, g, beta, cu_seqlens, cu_seqlens_cpu, cp_context, use_graph)
+        reason = _reason(q, k, v, g, beta, cu_seqlens, cp_context, use_graph, kwargs)
         if reason is not None and reason not in _declined:
             _declined.add(reason)
             logger.info("flash_kda_train declines chunk_kda: %s", reason)

@@ -94,8 +94,9 @@ def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cp
       lower_bound, chunk_size, flags, backend):
     gate_in_kernel = flags[1]
     optional = [A_log if gate_in_kernel else None, dt_bias if gate_in_kernel else None, initial_state]
-    return [torch.empty_like(t) for t in (q, k, v, g, beta)] + [
-        torch.empty_like(t) if t is not None else _empty(q) for t in optional
+    # Contiguous, as the library allocates its gradients, whatever the inputs' strides.
+    return [t.new_empty(t.shape) for t in (q, k, v, g, beta)] + [
+        t.new_empty(t.shape) if t is not None else _empty(q) for t in optional
     ]
 
 
@@ -139,5 +140,6 @@ class EagerChunkKda(torch.autograd.Function):
         return output[0], output[1]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o, d_final_state):
         return _gradients(ctx, d_o, d_final_state, _backward_op)

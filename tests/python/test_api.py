@@ -135,6 +135,53 @@ def test_opcheck(gate_in_kernel):
     torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_bwd.default, bwd)
 
 
+def test_fake_outputs_have_the_real_strides():
+    """torch.compile plans with the fake implementations: their outputs must have the real ops'
+    shapes and strides, also for strided inputs (inductor asserts them: a transposed q failed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = make_inputs(B=2, T=40, H=2, K=8, V=8, gate_in_kernel=True, requires_grad=False)
+    q = x["q"].transpose(1, 2).contiguous().transpose(1, 2)  # [B, T, H, K] with T innermost but one
+    h0 = x["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not q.is_contiguous() and not h0.is_contiguous()
+    flags = [True, True, False, False, False, False, False]
+    fwd = (q, x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], h0, None, None, 0.35, None, 32, flags,
+           True, "auto")
+    o, ht, saved = torch.ops.flash_kda_train.chunk_kda_fwd(*fwd)
+    bwd = (*fwd[:10], torch.randn_like(o), torch.randn_like(ht), saved, 0.35, None, 32, flags, "auto")
+    real = [o, ht] + list(torch.ops.flash_kda_train.chunk_kda_bwd(*bwd))
+    with FakeTensorMode() as mode:
+        fake_of = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in bwd]
+        fake_o, fake_ht, _ = torch.ops.flash_kda_train.chunk_kda_fwd(*fake_of[:10], *fwd[10:])
+        fake = [fake_o, fake_ht] + list(torch.ops.flash_kda_train.chunk_kda_bwd(*fake_of))
+    for i, (r, f) in enumerate(zip(real, fake)):
+        assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype), i
+
+
+def test_options_that_would_run_something_else_are_refused():
+    """Calls that FLA would run differently, or a replay would compute wrongly, raise naming the
+    argument instead of computing something else."""
+    x = make_inputs(B=1, T=100, requires_grad=False, state=False)
+    cu = torch.tensor([0, 37, 100])
+    with pytest.raises(ValueError, match="use_graph: not supported with cu_seqlens"):
+        fkt.chunk_kda(*args(x), cu_seqlens=cu, use_graph=True)
+    fkt.chunk_kda(*args(x), use_graph=True)  # dense: nothing to replay differently
+    with pytest.raises(ValueError, match="cu_seqlens_cpu: given without cu_seqlens"):
+        fkt.chunk_kda(*args(x), cu_seqlens_cpu=cu)
+    with pytest.raises(ValueError, match="chunk_size: expected an integer"):
+        fkt.chunk_kda(*args(x), chunk_size=64.9)
+
+
+def test_second_order_gradients_raise():
+    """The backward is not differentiable: create_graph=True and a gradient of a gradient raise
+    instead of silently leaving out the op's second-order terms."""
+    x = make_inputs(requires_grad=True, state=False)
+    o, _ = fkt.chunk_kda(*args(x))
+    (dv,) = torch.autograd.grad(o.square().sum(), [x["v"]], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dv.sum().backward()
+
+
 class TinyKDA(torch.nn.Module):
     """Projections around chunk_kda with the in-kernel gate: what a model layer does."""
 

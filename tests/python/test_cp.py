@@ -189,13 +189,34 @@ def _worker(rank, world, init_file, cases, out_dir, backend):
     dist.destroy_process_group()
 
 
-def run_world(world, backend, cases, timeout_s=240):
+def _invalid_call_worker(rank, world, init_file, cases, out_dir, backend):
+    """Every rank makes the same invalid call (in-kernel gate without A_log); records what it raised and
+    when. Rank 0 summarises (a sequence continues on rank 1), rank 1 does not."""
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    n = T // world
+    x = torch.randn(1, n, 1, 16, dtype=torch.float64)
+    ctx = build_cp_context(torch.tensor([0, 100, T]))
+    start = time.monotonic()
+    try:
+        fkt.chunk_kda(x, x, x, x, torch.rand(1, n, 1, dtype=torch.float64), use_gate_in_kernel=True, cp_context=ctx)
+        raised = None
+    except Exception as e:  # noqa: BLE001  (recorded for the parent to check)
+        raised = f"{type(e).__name__}: {e}"
+    result = dict(raised=raised, seconds=time.monotonic() - start, post_num_ranks=ctx.post_num_ranks)
+    pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_world(world, backend, cases, timeout_s=240, worker=_worker):
     """Runs `cases` on `world` spawned processes of a `backend` group; returns one dict of errors per rank."""
     out_dir = tempfile.mkdtemp(prefix=f"fkt_cp{world}_")
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the library's OpenMP threads in each process
     try:
-        context = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "init"), cases, out_dir, backend),
+        context = mp.start_processes(worker, args=(world, os.path.join(out_dir, "init"), cases, out_dir, backend),
                                      nprocs=world, join=False, start_method="spawn")
     finally:
         if saved is None:
@@ -275,3 +296,13 @@ def test_fla_rules_raise_value_errors():
         fkt.chunk_kda(*args, cp_context=CPContext(), **kw)
     with pytest.raises(ValueError, match="initialised torch.distributed"):
         fkt.chunk_kda(*args, cp_context=ctx, **kw)
+
+
+def test_invalid_call_raises_on_every_rank_before_the_exchange():
+    """A call every rank makes wrongly raises on every rank at once, naming the argument: no rank waits
+    in the exchange for a rank that failed before it (the hang a summarising rank's error caused)."""
+    results = run_world(2, "gloo", {}, timeout_s=120, worker=_invalid_call_worker)
+    assert [r["post_num_ranks"] for r in results] == [1, 0]
+    for rank, r in enumerate(results):
+        assert r["raised"] is not None and r["raised"].startswith("ValueError") and "A_log" in r["raised"], rank
+        assert r["seconds"] < 10, f"rank {rank} raised after {r['seconds']:.1f} s"
