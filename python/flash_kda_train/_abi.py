@@ -133,8 +133,16 @@ def host_offsets(fw: Framework, cu_seqlens, cu_seqlens_cpu):
     return fw.to_host(cu_seqlens)
 
 
-def _describe(fw: Framework, t):
-    return fw.describe(t) if t is not None else None
+def _describe(fw: Framework, t, name: Optional[str] = None):
+    """fw.describe(t), None for None; its error names the argument when `name` is given."""
+    if t is None:
+        return None
+    try:
+        return fw.describe(t)
+    except ValueError as e:
+        if name is None:
+            raise
+        raise ValueError(f"{name}: {e}") from None
 
 
 class Call:
@@ -144,7 +152,7 @@ class Call:
         self.fw = fw
         self.inputs = inputs
         self.options = cfg.options()
-        self.described = {name: _describe(fw, t) for name, t in inputs._asdict().items()}
+        self.described = {name: _describe(fw, t, name) for name, t in inputs._asdict().items()}
         self.struct = _lib.Inputs(**{name: pointer(d) for name, d in self.described.items()})
 
     def sizes(self) -> _lib.Sizes:

@@ -98,6 +98,7 @@ int64_t TensorRef::numel() const {
 }
 
 bool TensorRef::contiguous() const {
+  if (numel() == 0) return true;  // no element, so no layout (a T = 0 call's tensors)
   int64_t running = 1;
   for (int i = ndim() - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != running) return false;

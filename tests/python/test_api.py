@@ -170,6 +170,19 @@ def test_options_that_would_run_something_else_are_refused():
         fkt.chunk_kda(*args(x), cu_seqlens_cpu=cu)
     with pytest.raises(ValueError, match="chunk_size: expected an integer"):
         fkt.chunk_kda(*args(x), chunk_size=64.9)
+    with pytest.raises(ValueError, match="q: expected a CPU or CUDA tensor, got one on meta"):
+        fkt.chunk_kda(x["q"].to("meta"), *args(x)[1:])
+
+
+def test_no_tokens():
+    """T = 0 (every sequence empty): o is empty, the final state is the initial state and its
+    gradient passes through to dh0 (empty tensors have no layout: no contiguity error)."""
+    x = make_inputs(B=2, T=0)
+    o, ht = fkt.chunk_kda(*args(x), initial_state=x["initial_state"], output_final_state=True)
+    assert o.shape == x["v"].shape and torch.equal(ht, x["initial_state"])
+    dht = torch.randn_like(ht)
+    torch.autograd.backward([o, ht], [torch.zeros_like(o), dht])
+    assert torch.equal(x["initial_state"].grad, dht) and x["q"].grad.shape == x["q"].shape
 
 
 def test_second_order_gradients_raise():
