@@ -134,6 +134,7 @@ class Context:
     inputs: _core.Inputs
     output_final_state: bool
     saved: Optional[torch.Tensor] = None
+    versions: tuple = ()  # each input's version counter at the forward (None for absent inputs)
 
 
 def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -154,7 +155,12 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
         inputs = _core.Inputs(*(t.detach() if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
         o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
-    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved)
+    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved, _versions(inputs))
+
+
+def _versions(inputs: _core.Inputs) -> tuple:
+    """Version counters of the inputs (None for absent ones and inference tensors, which have none)."""
+    return tuple(t._version if t is not None and not t.is_inference() else None for t in inputs)
 
 
 def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = None) -> _core.Grads:
@@ -163,6 +169,12 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     Returns a ``Grads`` named tuple: dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 (None where the
     input is absent).
     """
+    if context.versions:
+        for name, before, now in zip(context.inputs._fields, context.versions, _versions(context.inputs)):
+            if before != now:
+                raise RuntimeError(f"backward: {name} was modified in place after forward (version {before} -> "
+                                   f"{now}); the context keeps the inputs by reference, so the gradients would "
+                                   f"be those of other inputs")
     with torch.no_grad():
         return _core.backward(context.config, context.inputs, do.detach(),
                               dht.detach() if dht is not None else None, context.saved)

@@ -174,6 +174,17 @@ def test_options_that_would_run_something_else_are_refused():
         fkt.chunk_kda(x["q"].to("meta"), *args(x)[1:])
 
 
+def test_paired_backward_refuses_inputs_changed_in_place():
+    """The paired API keeps the inputs by reference: one changed in place between forward and
+    backward would give the gradients of other inputs; backward raises naming it."""
+    x = make_inputs(gate_in_kernel=True, requires_grad=False)
+    o, _, context = fkt.forward(*args(x), use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
+    fkt.backward(context, torch.ones_like(o))
+    x["A_log"].add_(1.0)
+    with pytest.raises(RuntimeError, match="backward: A_log was modified in place after forward"):
+        fkt.backward(context, torch.ones_like(o))
+
+
 def test_no_tokens():
     """T = 0 (every sequence empty): o is empty, the final state is the initial state and its
     gradient passes through to dh0 (empty tensors have no layout: no contiguity error)."""
