@@ -315,8 +315,11 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
         warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=4)
         state_v_first = bool(kwargs["transpose_state_layout"])
     chunk_size = kwargs.get("chunk_size", 64)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or \
+            not -2**31 <= chunk_size < 2**31:  # the library's option is a 32-bit integer
         raise ValueError(f"chunk_size: expected an integer (32 or 64), got {chunk_size!r}")
+    if scale is None and head_dim < 1:
+        raise ValueError(f"q: expected a head dimension K >= 1, got K = {head_dim}")
     cfg = Config(scale=float(scale if scale is not None else head_dim ** -0.5), lower_bound=lower_bound,
                  chunk_size=int(chunk_size),
                  use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),

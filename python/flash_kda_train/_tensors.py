@@ -19,6 +19,22 @@ _DTYPE_CODES = {
 }
 
 
+def _codes(dtype_name: str, floating: bool, element_size: int):
+    """(DLPack type code, bits) of a dtype by its name: the table above, else its DLPack family
+    (uint 1, complex 5, bool 6, other floats 2, other ints 0), so the library names it unsupported."""
+    if dtype_name in _DTYPE_CODES:
+        return _DTYPE_CODES[dtype_name]
+    if dtype_name.startswith("uint"):
+        code = 1
+    elif dtype_name.startswith("complex"):
+        code = 5
+    elif dtype_name == "bool":
+        code = 6
+    else:
+        code = 2 if floating else 0
+    return code, element_size * 8
+
+
 class Described:
     """An fkt_tensor for one tensor, owning the shape and stride arrays it points to."""
 
@@ -46,10 +62,7 @@ class Described:
 def describe_torch(t):
     """Describes a torch tensor (any strides) for the C ABI."""
     dtype_name = str(t.dtype).replace("torch.", "")
-    if dtype_name in _DTYPE_CODES:
-        code, bits = _DTYPE_CODES[dtype_name]
-    else:
-        code, bits = (2 if t.dtype.is_floating_point else 0), t.element_size() * 8
+    code, bits = _codes(dtype_name, t.dtype.is_floating_point, t.element_size())
     if t.device.type == "cpu":
         device_type, device_id = _lib.DEVICE_CPU, 0
     elif t.device.type == "cuda":
@@ -73,10 +86,7 @@ def describe_paddle(t):
     if not t.is_contiguous():
         raise ValueError("expected a contiguous paddle tensor (call .contiguous() first)")
     dtype_name = str(t.dtype).replace("paddle.", "")
-    if dtype_name in _DTYPE_CODES:
-        code, bits = _DTYPE_CODES[dtype_name]
-    else:
-        code, bits = (2 if t.is_floating_point() else 0), t.element_size() * 8
+    code, bits = _codes(dtype_name, t.is_floating_point(), t.element_size())
     place = t.place
     if place.is_cpu_place():
         device_type, device_id = _lib.DEVICE_CPU, 0

@@ -79,8 +79,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         offsets = None
         if cu_seqlens is not None:
             host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
-            offsets = [int(o) for o in host.tolist()] if host.dim() == 1 else None
-        if _segments.applies(q, segment_size, cu_seqlens, offsets):
+            readable = host.dim() == 1 and host.dtype in (torch.int32, torch.int64)
+            offsets = [int(o) for o in host.tolist()] if readable else None
+        if _segments.applies(q, segment_size, cu_seqlens, offsets, initial_state):
             def op(q_s, k_s, v_s, g_s, beta_s, state, seg_cu, seg_host):
                 return _op(cfg, q_s, k_s, v_s, g_s, beta_s, A_log, dt_bias, state, seg_cu, seg_host, True)
             return _segments.run(op, segment_size, cfg.chunk_size, q, k, v, g, beta, initial_state,
@@ -169,6 +170,9 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     Returns a ``Grads`` named tuple: dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 (None where the
     input is absent).
     """
+    if dht is not None and not context.output_final_state:
+        raise ValueError("dht: given, but the forward ran with output_final_state=False (no final state to "
+                         "differentiate)")
     if context.versions:
         for name, before, now in zip(context.inputs._fields, context.versions, _versions(context.inputs)):
             if before != now:

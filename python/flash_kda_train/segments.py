@@ -27,14 +27,22 @@ def plan(offsets: Sequence[int], segment_size: int, chunk: int) -> List[Tuple[in
     return ranges
 
 
-def applies(q, segment_size: int, cu_seqlens, offsets: Optional[Sequence[int]]) -> bool:
+def applies(q, segment_size: int, cu_seqlens, offsets: Optional[Sequence[int]],
+            initial_state: Optional[torch.Tensor] = None) -> bool:
     """Whether a call holds more than one segment's tokens. Inputs the op refuses (wrong rank,
-    malformed offsets, packed with B > 1) go to it whole, for its error message."""
+    malformed offsets or offsets of another dtype, packed with B > 1, initial states not one per
+    sequence) go to it whole, for its error message."""
     if q.dim() != 4 or q.shape[1] <= segment_size:
+        return False
+    sequences = q.shape[0] if cu_seqlens is None else len(offsets) - 1 if offsets else 0
+    if initial_state is not None and (initial_state.dim() != 4 or initial_state.shape[0] != sequences):
         return False
     if cu_seqlens is None:
         return True
-    return offsets is not None and len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == q.shape[1] and \
+    if offsets is None or cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64) or \
+            cu_seqlens.shape[0] != len(offsets) or (cu_seqlens.device.type == "cpu" and cu_seqlens.tolist() != offsets):
+        return False
+    return len(offsets) >= 2 and offsets[0] == 0 and offsets[-1] == q.shape[1] and \
         all(a <= b for a, b in zip(offsets, offsets[1:])) and q.shape[0] == 1
 
 

@@ -25,6 +25,27 @@ void expect_device(const TensorRef& t, const fkt_device& device) {
       << device_str(t.raw->device) << "; all tensors must be on the same device";
 }
 
+// cu_seqlens given with its host copy cu_seqlens_cpu (whose offsets the planner read): the same
+// dtype family and length, and, when it is readable here (on the host), the same offsets; on a GPU
+// the two must agree by contract (reading it would copy to the host).
+void check_device_offsets(const TensorRef& cu, const std::vector<int64_t>& offsets) {
+  FKT_CHECK(cu.dtype == DType::kI32 || cu.dtype == DType::kI64)
+      << "cu_seqlens: expected int32 or int64, got " << dtype_name(cu.dtype);
+  const int64_t count = static_cast<int64_t>(offsets.size());
+  FKT_CHECK(cu.shape == std::vector<int64_t>{count})
+      << "cu_seqlens: expected a 1-D tensor of N + 1 = " << count << " offsets (the length of cu_seqlens_cpu), got "
+      << "shape " << cu.shape_str();
+  if (!cu.on_cpu()) return;
+  for (int64_t i = 0; i < count; ++i) {
+    const char* at = cu.bytes() + i * cu.strides[0] * dtype_bytes(cu.dtype);
+    const int64_t offset = cu.dtype == DType::kI32 ? *reinterpret_cast<const int32_t*>(at)
+                                                   : *reinterpret_cast<const int64_t*>(at);
+    FKT_CHECK(offset == offsets[i]) << "cu_seqlens: expected the offsets of its host copy cu_seqlens_cpu, got "
+                                    << "cu_seqlens[" << i << "] = " << offset << " where cu_seqlens_cpu[" << i
+                                    << "] = " << offsets[i];
+  }
+}
+
 // Reads cu_seqlens from host memory into token offsets, checking every contract of kda-math.md section 5.
 std::vector<int64_t> read_offsets(const TensorRef& cu, int64_t total) {
   FKT_CHECK(cu.ndim() == 1 && cu.shape[0] >= 2)
@@ -167,6 +188,7 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
                         << p.B << " (q shape " << p.q.shape_str() << ")";
     const std::vector<int64_t> offsets = read_offsets(p.cu_seqlens, p.T);
     p.N = static_cast<int64_t>(offsets.size()) - 1;
+    if (in.cu_seqlens && in.cu_seqlens_cpu) check_device_offsets(TensorRef(in.cu_seqlens, "cu_seqlens"), offsets);
     for (int64_t n = 0; n < p.N; ++n) p.sequences.push_back({0, offsets[n], offsets[n + 1] - offsets[n], 0});
   } else {
     p.N = p.B;
@@ -202,11 +224,8 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
     p.cu_seqlens_device = TensorRef(in.cu_seqlens, "cu_seqlens");
     const TensorRef& cu = p.cu_seqlens_device;
     expect_device(cu, p.device);
-    FKT_CHECK(cu.dtype == DType::kI32 || cu.dtype == DType::kI64)
-        << "cu_seqlens: expected int32 or int64, got " << dtype_name(cu.dtype);
-    FKT_CHECK(cu.shape == std::vector<int64_t>{p.N + 1} && cu.contiguous())
-        << "cu_seqlens: expected a contiguous 1-D tensor of N + 1 = " << p.N + 1
-        << " offsets (the length of cu_seqlens_cpu), got shape " << cu.shape_str();
+    FKT_CHECK(cu.contiguous()) << "cu_seqlens: expected a contiguous tensor (the CUDA kernels read it as an "
+                                  "array), got a strided one";
   }
   FKT_CHECK(opt.backend != FKT_BACKEND_CPU || !on_cuda)
       << "backend: the CPU backend was requested but the tensors are on " << device_str(p.device);

@@ -172,6 +172,27 @@ def test_options_that_would_run_something_else_are_refused():
         fkt.chunk_kda(*args(x), chunk_size=64.9)
     with pytest.raises(ValueError, match="q: expected a CPU or CUDA tensor, got one on meta"):
         fkt.chunk_kda(x["q"].to("meta"), *args(x)[1:])
+    with pytest.raises(ValueError, match=r"chunk_size: expected an integer \(32 or 64\), got 4294967328"):
+        fkt.chunk_kda(*args(x), chunk_size=2**32 + 32)  # would wrap to 32 in the 32-bit option
+    with pytest.raises(ValueError, match="q: expected bfloat16, float16, float32 or float64, got an unsupported"):
+        fkt.chunk_kda(x["q"].to(torch.complex64), *args(x)[1:])
+    with pytest.raises(ValueError, match="cu_seqlens: expected int32 or int64, got an unsupported dtype"):
+        fkt.chunk_kda(*args(x), cu_seqlens=cu.to(torch.uint32))
+    with pytest.raises(ValueError, match="q: expected a head dimension K >= 1, got K = 0"):
+        fkt.chunk_kda(*(t[..., :0] if t.dim() == 4 and n != "v" else t for n, t in zip("qkvgb", args(x))))
+    cpu_copy = torch.tensor([0, 30, 100])
+    with pytest.raises(ValueError, match=r"cu_seqlens: expected the offsets of its host copy cu_seqlens_cpu, "
+                                         r"got cu_seqlens\[1\] = 37 where cu_seqlens_cpu\[1\] = 30"):
+        fkt.chunk_kda(*args(x), cu_seqlens=cu, cu_seqlens_cpu=cpu_copy)
+    with pytest.raises(ValueError, match="cu_seqlens: expected int32 or int64, got float32"):
+        fkt.chunk_kda(*args(x), cu_seqlens=cu.float(), cu_seqlens_cpu=cu)
+    with pytest.raises(ValueError, match=r"cu_seqlens: expected a 1-D tensor of N \+ 1 = 3 offsets"):
+        fkt.chunk_kda(*args(x), cu_seqlens=torch.tensor([0, 100]), cu_seqlens_cpu=cu)
+    for wrong in (dict(cu_seqlens=cu.float()), dict(cu_seqlens=cu, cu_seqlens_cpu=cpu_copy)):  # whole-call checks
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            fkt.chunk_kda(*args(x), segment_size=64, **wrong)
+    with pytest.raises(ValueError, match=r"initial_state: expected one state per sequence, N = 2"):
+        fkt.chunk_kda(*args(x), cu_seqlens=cu, segment_size=64, initial_state=torch.zeros(5, 2, 16, 16))
 
 
 def test_paired_backward_refuses_inputs_changed_in_place():
@@ -180,6 +201,8 @@ def test_paired_backward_refuses_inputs_changed_in_place():
     x = make_inputs(gate_in_kernel=True, requires_grad=False)
     o, _, context = fkt.forward(*args(x), use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
     fkt.backward(context, torch.ones_like(o))
+    with pytest.raises(ValueError, match="dht: given, but the forward ran with output_final_state=False"):
+        fkt.backward(context, torch.ones_like(o), torch.zeros_like(x["initial_state"]))
     x["A_log"].add_(1.0)
     with pytest.raises(RuntimeError, match="backward: A_log was modified in place after forward"):
         fkt.backward(context, torch.ones_like(o))

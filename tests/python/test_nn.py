@@ -252,18 +252,17 @@ def test_attention_mask_packs_sequences():
 
 
 def test_host_offsets_are_passed_to_chunk_kda():
-    """cu_seqlens_cpu reaches chunk_kda as the planner's offsets: on the CPU backend they are the ones
-    computed with, so host offsets of one whole sequence give the one-sequence result."""
+    """cu_seqlens_cpu reaches chunk_kda as the planner's offsets: host offsets that disagree with
+    cu_seqlens are refused there (on the CPU the planner compares the two), and agreeing ones give
+    the result of cu_seqlens alone."""
     torch.manual_seed(6)
     layer = KimiDeltaAttention(**CONFIGS["plain"], backend="cpu").double()
     _randomise(layer)
     x = torch.randn(1, 70, layer.hidden_size, dtype=torch.float64)
     split = torch.tensor([0, 30, 70])
-    whole = torch.tensor([0, 70])
-    # The short convolutions see cu_seqlens (split), the attention the host offsets (whole).
-    mixed, _, _ = layer(x, cu_seqlens=split, cu_seqlens_cpu=whole)
+    with pytest.raises(ValueError, match="cu_seqlens: expected the offsets of its host copy cu_seqlens_cpu"):
+        layer(x, cu_seqlens=split, cu_seqlens_cpu=torch.tensor([0, 40, 70]))
     reference, _, _ = layer(x, cu_seqlens=split, cu_seqlens_cpu=split.clone())
-    assert (mixed - reference).abs().max() > 1e-6
     torch.testing.assert_close(reference, layer(x, cu_seqlens=split)[0], rtol=0, atol=0)
 
 
