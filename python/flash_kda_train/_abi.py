@@ -133,15 +133,13 @@ def host_offsets(fw: Framework, cu_seqlens, cu_seqlens_cpu):
     return fw.to_host(cu_seqlens)
 
 
-def _describe(fw: Framework, t, name: Optional[str] = None):
-    """fw.describe(t), None for None; its error names the argument when `name` is given."""
+def _describe(fw: Framework, t, name: str):
+    """fw.describe(t), None for None; its error names the argument."""
     if t is None:
         return None
     try:
         return fw.describe(t)
     except ValueError as e:
-        if name is None:
-            raise
         raise ValueError(f"{name}: {e}") from None
 
 
@@ -196,14 +194,14 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
         tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
         h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
     workspace = call.buffer(sizes.forward_workspace_bytes)
-    outs = {name: _describe(fw, t) for name, t in
+    outs = {name: _describe(fw, t, name) for name, t in
             dict(o=o, final_state=final_state, intermediate_states=h, workspace=workspace).items()}
     struct = _lib.ForwardOutputs(**{name: pointer(d) for name, d in outs.items()})
     _lib.check(_lib.lib.fkt_forward(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct),
                                     call.stream()))
     if not sizes.backward_reads_forward_workspace:
         return ForwardResult(o, final_state, h, None)
-    _USED_WORKSPACES.discard(_address(fw, workspace))
+    _USED_WORKSPACES.discard(outs["workspace"].struct.data)
     return ForwardResult(o, final_state, h, workspace)
 
 
@@ -235,10 +233,6 @@ WORKSPACE_USED = ("disable_recompute=True: a backward already ran on this forwar
                   "to run several (for example with retain_graph=True)")
 
 
-def _address(fw: Framework, t) -> int:
-    return fw.describe(t).struct.data or 0
-
-
 def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved`` is the
     forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it; once)."""
@@ -248,7 +242,8 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
         if saved is None:
             raise ValueError("disable_recompute: the CUDA backward reads the forward's intermediates; pass the "
                              "forward's saved workspace (ForwardResult.saved)")
-        if _address(fw, saved) in _USED_WORKSPACES:
+        address = fw.describe(saved).struct.data
+        if address in _USED_WORKSPACES:
             raise RuntimeError(WORKSPACE_USED)
         workspace = saved
     else:
@@ -256,13 +251,13 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
     grads = _grads(fw, cfg, inputs)
     _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward)
     if sizes.backward_reads_forward_workspace:
-        _USED_WORKSPACES.add(_address(fw, saved))
+        _USED_WORKSPACES.add(address)
     return grads
 
 
 def _call_backward(call: Call, workspace, d_o, d_final_state, grads, fn, gold=False):
     tensors = dict(d_o=d_o, d_final_state=d_final_state, **grads._asdict(), workspace=workspace)
-    described = {name: _describe(call.fw, t) for name, t in tensors.items()}
+    described = {name: _describe(call.fw, t, name) for name, t in tensors.items()}
     struct = _lib.BackwardIO(**{name: pointer(d) for name, d in described.items()})
     if gold:
         _lib.check(fn(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct)))
@@ -279,7 +274,7 @@ def gold_forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state:
         fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), "float64", inputs.q)
         if output_final_state else None
     )
-    do, dht = _describe(fw, o), _describe(fw, final_state)
+    do, dht = _describe(fw, o, "o"), _describe(fw, final_state, "final_state")
     _lib.check(_lib.lib.fkt_gold_forward(ctypes.byref(call.struct), ctypes.byref(call.options), do.ref(),
                                          pointer(dht)))
     return o, final_state
@@ -318,9 +313,8 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or \
             not -2**31 <= chunk_size < 2**31:  # the library's option is a 32-bit integer
         raise ValueError(f"chunk_size: expected an integer (32 or 64), got {chunk_size!r}")
-    if scale is None and head_dim < 1:
-        raise ValueError(f"q: expected a head dimension K >= 1, got K = {head_dim}")
-    cfg = Config(scale=float(scale if scale is not None else head_dim ** -0.5), lower_bound=lower_bound,
+    default_scale = head_dim ** -0.5 if head_dim >= 1 else 1.0  # K = 0 is refused by the library
+    cfg = Config(scale=float(scale if scale is not None else default_scale), lower_bound=lower_bound,
                  chunk_size=int(chunk_size),
                  use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
                  use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),

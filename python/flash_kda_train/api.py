@@ -32,6 +32,10 @@ def _resolve(q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm
     return cfg, A_log, dt_bias, _abi.host_offsets(_core.TORCH, cu_seqlens, cu_seqlens_cpu)
 
 
+# The extra keywords chunk_kda accepts: the library's options, and segment_size, which it serves here.
+EXTRA_KWARGS = _abi.KNOWN_KWARGS | {"segment_size"}
+
+
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
               allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
@@ -134,8 +138,8 @@ class Context:
     config: _core.Config
     inputs: _core.Inputs
     output_final_state: bool
-    saved: Optional[torch.Tensor] = None
-    versions: tuple = ()  # each input's version counter at the forward (None for absent inputs)
+    saved: Optional[torch.Tensor]
+    versions: tuple  # each input's version counter at the forward (None for absent inputs)
 
 
 def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -173,12 +177,11 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     if dht is not None and not context.output_final_state:
         raise ValueError("dht: given, but the forward ran with output_final_state=False (no final state to "
                          "differentiate)")
-    if context.versions:
-        for name, before, now in zip(context.inputs._fields, context.versions, _versions(context.inputs)):
-            if before != now:
-                raise RuntimeError(f"backward: {name} was modified in place after forward (version {before} -> "
-                                   f"{now}); the context keeps the inputs by reference, so the gradients would "
-                                   f"be those of other inputs")
+    for name, before, now in zip(context.inputs._fields, context.versions, _versions(context.inputs)):
+        if before != now:
+            raise RuntimeError(f"backward: {name} was modified in place after forward (version {before} -> {now}); "
+                               f"the context keeps the inputs by reference, so the gradients would be those of "
+                               f"other inputs")
     with torch.no_grad():
         return _core.backward(context.config, context.inputs, do.detach(),
                               dht.detach() if dht is not None else None, context.saved)

@@ -149,8 +149,13 @@ def _empty_summary(inputs: _core.Inputs) -> torch.Tensor:
 def forward_summary(cfg: _core.Config, inputs: _core.Inputs, sequence: int) -> torch.Tensor:
     """``[S_ext | M]`` ([HV, K, V + K], state dtype) of sequence ``sequence`` of the inputs."""
     call = _call(cfg, inputs)
-    out = _empty_summary(inputs)
-    workspace = call.buffer(_cp_sizes(call).forward_summary_workspace_bytes)
+    return _forward_summary(call, _cp_sizes(call), sequence)
+
+
+def _forward_summary(call: _abi.Call, sizes: _lib.CpSizes, sequence: int) -> torch.Tensor:
+    """forward_summary of a call already planned (sizes)."""
+    out = _empty_summary(call.inputs)
+    workspace = call.buffer(sizes.forward_summary_workspace_bytes)
     d_out, d_ws = describe_torch(out), describe_torch(workspace) if workspace is not None else None
     _lib.check(_lib.lib.fkt_cp_forward_summary(ctypes.byref(call.struct), ctypes.byref(call.options), sequence,
                                                d_out.ref(), pointer(d_ws), call.stream()))
@@ -212,12 +217,13 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, cfg, layout, cu_seqlens, cu_seqlens_cpu):
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, cu_seqlens_cpu)
-        # Every rank validates the call before the exchange: an error on the ranks that summarise must
-        # not leave the others waiting in the collective.
-        _cp_sizes(_call(cfg, inputs))
+        # Every rank plans (validates) the call before the exchange: an error on the ranks that
+        # summarise must not leave the others waiting in the collective.
+        call = _call(cfg, inputs)
+        sizes = _cp_sizes(call)
         summary = _empty_summary(inputs)
         if layout.post > 0:
-            summary = forward_summary(cfg, inputs, layout.num_seqs - 1)
+            summary = _forward_summary(call, sizes, layout.num_seqs - 1)
         gathered = layout.all_gather(summary)
         h0 = None
         if layout.pre > 0:

@@ -14,7 +14,7 @@ import torch
 from fla.backends import BaseBackend, register
 from fla.ops.kda.chunk import chunk_kda as _fla_chunk_kda
 
-from . import _abi, api, has_cuda
+from . import api, has_cuda
 
 logger = logging.getLogger(__name__)
 _declined: set = set()
@@ -43,7 +43,7 @@ def _reason(q, k, v, g, beta, cu_seqlens, cp_context, use_graph, kwargs):
         return f"{v.shape[2]} value heads (supported: <= {_MAX_VALUE_HEADS})"
     if use_graph and cu_seqlens is not None:
         return "use_graph with cu_seqlens (FLA's graph mode replays new offsets; ours would compute the captured ones)"
-    unknown = sorted(set(kwargs) - _abi.KNOWN_KWARGS - {"segment_size"})
+    unknown = sorted(set(kwargs) - api.EXTRA_KWARGS)
     if unknown:
         return f"keyword arguments {unknown} (FLA ignores them; flash_kda_train refuses them)"
     return None

@@ -35,9 +35,12 @@ def _saved_or_empty(saved: Optional[Tensor], q: Tensor) -> Tensor:
     return saved if saved is not None else q.new_empty(0, dtype=torch.uint8)
 
 
-def _forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound,
-             chunk_size, flags, output_final_state, backend):
-    """(o, final state or empty, the workspace the backward reads or empty: disable_recompute on CUDA)."""
+def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+             dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+             cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
+             flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """(o, final state or empty, the workspace the backward reads or empty: disable_recompute on CUDA).
+    The body of the custom op chunk_kda_fwd, called directly by EagerChunkKda."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
@@ -45,13 +48,7 @@ def _forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seq
             _saved_or_empty(saved, q))
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", mutates_args=())
-def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
-                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
-                  flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    return _forward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound,
-                    chunk_size, flags, output_final_state, backend)
+chunk_kda_fwd = torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", _forward, mutates_args=())
 
 
 @chunk_kda_fwd.register_fake
@@ -71,22 +68,20 @@ def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cp
     return o, q.new_empty(shape, dtype=state_dtype), saved
 
 
-def _backward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, d_o, d_final_state, saved,
-                 scale, lower_bound, chunk_size, flags, backend):
+def _backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                 dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                 cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], saved: Tensor,
+                 scale: float, lower_bound: Optional[float], chunk_size: int, flags: List[bool],
+                 backend: str) -> List[Tensor]:
+    """Every gradient (empty for absent inputs): the body of the custom op chunk_kda_bwd, called
+    directly by EagerChunkKda."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     grads = _core.backward(cfg, inputs, d_o, _absent(d_final_state), saved if saved.numel() else None)
     return [t if t is not None else _empty(q) for t in grads]
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_bwd", mutates_args=())
-def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
-                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], saved: Tensor,
-                  scale: float, lower_bound: Optional[float], chunk_size: int, flags: List[bool],
-                  backend: str) -> List[Tensor]:
-    return _backward_op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, d_o,
-                        d_final_state, saved, scale, lower_bound, chunk_size, flags, backend)
+chunk_kda_bwd = torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_bwd", _backward_op, mutates_args=())
 
 
 @chunk_kda_bwd.register_fake

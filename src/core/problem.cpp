@@ -25,21 +25,29 @@ void expect_device(const TensorRef& t, const fkt_device& device) {
       << device_str(t.raw->device) << "; all tensors must be on the same device";
 }
 
+void expect_offset_dtype(const TensorRef& cu) {
+  FKT_CHECK(cu.dtype == DType::kI32 || cu.dtype == DType::kI64)
+      << cu.name << ": expected int32 or int64, got " << dtype_name(cu.dtype);
+}
+
+// Element i of a 1-D int32 / int64 offsets tensor in host memory (any stride).
+int64_t offset_at(const TensorRef& cu, int64_t i) {
+  const char* at = cu.bytes() + i * cu.strides[0] * dtype_bytes(cu.dtype);
+  return cu.dtype == DType::kI32 ? *reinterpret_cast<const int32_t*>(at) : *reinterpret_cast<const int64_t*>(at);
+}
+
 // cu_seqlens given with its host copy cu_seqlens_cpu (whose offsets the planner read): the same
 // dtype family and length, and, when it is readable here (on the host), the same offsets; on a GPU
 // the two must agree by contract (reading it would copy to the host).
 void check_device_offsets(const TensorRef& cu, const std::vector<int64_t>& offsets) {
-  FKT_CHECK(cu.dtype == DType::kI32 || cu.dtype == DType::kI64)
-      << "cu_seqlens: expected int32 or int64, got " << dtype_name(cu.dtype);
+  expect_offset_dtype(cu);
   const int64_t count = static_cast<int64_t>(offsets.size());
   FKT_CHECK(cu.shape == std::vector<int64_t>{count})
       << "cu_seqlens: expected a 1-D tensor of N + 1 = " << count << " offsets (the length of cu_seqlens_cpu), got "
       << "shape " << cu.shape_str();
   if (!cu.on_cpu()) return;
   for (int64_t i = 0; i < count; ++i) {
-    const char* at = cu.bytes() + i * cu.strides[0] * dtype_bytes(cu.dtype);
-    const int64_t offset = cu.dtype == DType::kI32 ? *reinterpret_cast<const int32_t*>(at)
-                                                   : *reinterpret_cast<const int64_t*>(at);
+    const int64_t offset = offset_at(cu, i);
     FKT_CHECK(offset == offsets[i]) << "cu_seqlens: expected the offsets of its host copy cu_seqlens_cpu, got "
                                     << "cu_seqlens[" << i << "] = " << offset << " where cu_seqlens_cpu[" << i
                                     << "] = " << offsets[i];
@@ -50,17 +58,12 @@ void check_device_offsets(const TensorRef& cu, const std::vector<int64_t>& offse
 std::vector<int64_t> read_offsets(const TensorRef& cu, int64_t total) {
   FKT_CHECK(cu.ndim() == 1 && cu.shape[0] >= 2)
       << cu.name << ": expected a 1-D tensor [N + 1] with N >= 1, got shape " << cu.shape_str();
-  FKT_CHECK(cu.dtype == DType::kI32 || cu.dtype == DType::kI64)
-      << cu.name << ": expected int32 or int64, got " << dtype_name(cu.dtype);
+  expect_offset_dtype(cu);
   FKT_CHECK(cu.on_cpu()) << cu.name
                          << ": the planner reads sequence offsets on the host; pass cu_seqlens_cpu "
                             "(a host copy) when cu_seqlens lives on the GPU";
   std::vector<int64_t> offsets(cu.shape[0]);
-  for (int64_t i = 0; i < cu.shape[0]; ++i) {
-    const char* at = cu.bytes() + i * cu.strides[0] * dtype_bytes(cu.dtype);
-    offsets[i] = cu.dtype == DType::kI32 ? *reinterpret_cast<const int32_t*>(at)
-                                         : *reinterpret_cast<const int64_t*>(at);
-  }
+  for (int64_t i = 0; i < cu.shape[0]; ++i) offsets[i] = offset_at(cu, i);
   FKT_CHECK(offsets[0] == 0) << cu.name << ": expected cu_seqlens[0] == 0, got " << offsets[0];
   for (size_t i = 1; i < offsets.size(); ++i) {
     FKT_CHECK(offsets[i] >= offsets[i - 1])
@@ -134,7 +137,8 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
   FKT_CHECK(p.v.shape[0] == p.B && p.v.shape[1] == p.T)
       << "v: expected the batch and token extents of q [" << p.B << ", " << p.T << "], got shape "
       << p.v.shape_str();
-  FKT_CHECK(p.H >= 1 && p.K >= 1 && p.V >= 1 && p.HV >= 1)
+  FKT_CHECK(p.K >= 1) << "q: expected a head dimension K >= 1, got K = " << p.K;
+  FKT_CHECK(p.H >= 1 && p.V >= 1 && p.HV >= 1)
       << "q, v: expected non-zero head counts and head dims, got q " << p.q.shape_str() << " and v "
       << p.v.shape_str();
   FKT_CHECK(p.K <= 256) << "q: expected head dim K <= 256, got " << p.K;
