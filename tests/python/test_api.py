@@ -14,6 +14,21 @@ def args(x):
     return x["q"], x["k"], x["v"], x["g"], x["beta"]
 
 
+def op_args(x, scale=0.35, chunk_size=64, l2norm=False, gate=False, **replaced):
+    """The positional arguments of the op chunk_kda_fwd for inputs `x` (dense, the final state
+    returned); `replaced` overrides inputs by name."""
+    x = {**x, **replaced}
+    flags = [l2norm, gate, False, False, False, False, False]
+    return (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["initial_state"], None, None,
+            scale, None, chunk_size, flags, True, "auto")
+
+
+def bwd_op_args(fwd, d_o, d_final_state, saved):
+    """The positional arguments of the op chunk_kda_bwd after chunk_kda_fwd(*fwd)."""
+    scale, lower_bound, chunk_size, flags, _, backend = fwd[10:]
+    return (*fwd[:10], d_o, d_final_state, saved, scale, lower_bound, chunk_size, flags, backend)
+
+
 def test_paired_api_matches_autograd():
     x = make_inputs(HV=4, gate_in_kernel=True)
     kw = dict(initial_state=x["initial_state"], output_final_state=True, use_gate_in_kernel=True, A_log=x["A_log"],
@@ -38,12 +53,10 @@ def test_eager_function_matches_the_custom_op(device):
     x = make_inputs(HV=4, gate_in_kernel=True, requires_grad=False)
     torch.manual_seed(1)
     do, dht = torch.randn_like(x["v"]).to(device), torch.randn_like(x["initial_state"]).to(device)
-    flags = [True, True, False, False, False, False, False]  # l2norm, gate in kernel, the rest off
     results = []
     for call in (ops.EagerChunkKda.apply, lambda *a: torch.ops.flash_kda_train.chunk_kda_fwd(*a)[:2]):
         leaves = {n: t.detach().to(device).requires_grad_() for n, t in x.items() if t is not None}
-        o, ht = call(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], leaves["A_log"],
-                     leaves["dt_bias"], leaves["initial_state"], None, None, 0.25, None, 64, flags, True, "auto")
+        o, ht = call(*op_args(leaves, scale=0.25, l2norm=True, gate=True))
         torch.autograd.backward([o, ht], [do, dht])
         results.append([o, ht] + [leaves[n].grad for n in sorted(leaves)])
     for eager, op in zip(*results):
@@ -124,14 +137,12 @@ def test_fla_keyword_handling():
 @pytest.mark.parametrize("gate_in_kernel", [False, True])
 def test_opcheck(gate_in_kernel):
     x = make_inputs(B=1, T=70, H=1, HV=2, K=8, V=8, gate_in_kernel=gate_in_kernel, requires_grad=True)
-    flags = [False, gate_in_kernel, False, False, False, False, False]
     saved = torch.empty(0, dtype=torch.uint8)  # the CPU backend keeps no forward workspace
-    sample = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["initial_state"], None, None,
-              0.35, None, 64, flags, True, "auto")
+    sample = op_args(x, gate=gate_in_kernel)
     torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_fwd.default, sample)
     # The backward op is not itself differentiable (no double backward): check it on plain tensors.
-    plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in sample[:10]]
-    bwd = (*plain, torch.randn_like(plain[2]), torch.randn_like(plain[7]), saved, 0.35, None, 64, flags, "auto")
+    plain = [t.detach() if isinstance(t, torch.Tensor) else t for t in sample]
+    bwd = bwd_op_args(plain, torch.randn_like(plain[2]), torch.randn_like(plain[7]), saved)
     torch.library.opcheck(torch.ops.flash_kda_train.chunk_kda_bwd.default, bwd)
 
 
@@ -144,11 +155,9 @@ def test_fake_outputs_have_the_real_strides():
     q = x["q"].transpose(1, 2).contiguous().transpose(1, 2)  # [B, T, H, K] with T innermost but one
     h0 = x["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
     assert not q.is_contiguous() and not h0.is_contiguous()
-    flags = [True, True, False, False, False, False, False]
-    fwd = (q, x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], h0, None, None, 0.35, None, 32, flags,
-           True, "auto")
+    fwd = op_args(x, chunk_size=32, l2norm=True, gate=True, q=q, initial_state=h0)
     o, ht, saved = torch.ops.flash_kda_train.chunk_kda_fwd(*fwd)
-    bwd = (*fwd[:10], torch.randn_like(o), torch.randn_like(ht), saved, 0.35, None, 32, flags, "auto")
+    bwd = bwd_op_args(fwd, torch.randn_like(o), torch.randn_like(ht), saved)
     real = [o, ht] + list(torch.ops.flash_kda_train.chunk_kda_bwd(*bwd))
     with FakeTensorMode() as mode:
         fake_of = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in bwd]

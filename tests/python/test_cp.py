@@ -173,7 +173,11 @@ def run_case(name, rank, world, cases, device):
     return errors
 
 
-def _worker(rank, world, init_file, cases, out_dir, backend):
+def _run_cases(rank, world, cases, device):
+    return {name: run_case(name, rank, world, cases, device) for name in cases}
+
+
+def _worker(rank, world, init_file, cases, out_dir, backend, body):
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if backend == "nccl":  # one GPU per rank
@@ -181,7 +185,7 @@ def _worker(rank, world, init_file, cases, out_dir, backend):
         device = torch.device("cuda", rank)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    results = {name: run_case(name, rank, world, cases, device) for name in cases}
+    results = body(rank, world, cases, device)
     pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     # No rank may tear its Gloo transport down while a peer still uses it: a peer whose connection
     # drops mid-collective aborts ("terminate called without an active exception").
@@ -189,12 +193,9 @@ def _worker(rank, world, init_file, cases, out_dir, backend):
     dist.destroy_process_group()
 
 
-def _invalid_call_worker(rank, world, init_file, cases, out_dir, backend):
+def _invalid_call(rank, world, cases, device):
     """Every rank makes the same invalid call (in-kernel gate without A_log); records what it raised and
     when. Rank 0 summarises (a sequence continues on rank 1), rank 1 does not."""
-    torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
     n = T // world
     x = torch.randn(1, n, 1, 16, dtype=torch.float64)
     ctx = build_cp_context(torch.tensor([0, 100, T]))
@@ -204,19 +205,17 @@ def _invalid_call_worker(rank, world, init_file, cases, out_dir, backend):
         raised = None
     except Exception as e:  # noqa: BLE001  (recorded for the parent to check)
         raised = f"{type(e).__name__}: {e}"
-    result = dict(raised=raised, seconds=time.monotonic() - start, post_num_ranks=ctx.post_num_ranks)
-    pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+    return dict(raised=raised, seconds=time.monotonic() - start, post_num_ranks=ctx.post_num_ranks)
 
 
-def run_world(world, backend, cases, timeout_s=240, worker=_worker):
+def run_world(world, backend, cases, timeout_s=240, body=_run_cases):
     """Runs `cases` on `world` spawned processes of a `backend` group; returns one dict of errors per rank."""
     out_dir = tempfile.mkdtemp(prefix=f"fkt_cp{world}_")
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the library's OpenMP threads in each process
     try:
-        context = mp.start_processes(worker, args=(world, os.path.join(out_dir, "init"), cases, out_dir, backend),
+        context = mp.start_processes(_worker,
+                                     args=(world, os.path.join(out_dir, "init"), cases, out_dir, backend, body),
                                      nprocs=world, join=False, start_method="spawn")
     finally:
         if saved is None:
@@ -301,7 +300,7 @@ def test_fla_rules_raise_value_errors():
 def test_invalid_call_raises_on_every_rank_before_the_exchange():
     """A call every rank makes wrongly raises on every rank at once, naming the argument: no rank waits
     in the exchange for a rank that failed before it (the hang a summarising rank's error caused)."""
-    results = run_world(2, "gloo", {}, timeout_s=120, worker=_invalid_call_worker)
+    results = run_world(2, "gloo", {}, timeout_s=120, body=_invalid_call)
     assert [r["post_num_ranks"] for r in results] == [1, 0]
     for rank, r in enumerate(results):
         assert r["raised"] is not None and r["raised"].startswith("ValueError") and "A_log" in r["raised"], rank
