@@ -46,8 +46,7 @@ __device__ __forceinline__ void store_float(void* base, DType dtype, int64_t i, 
 // Whether output rows of `row_stride` elements from `base` hold their element pairs (2j, 2j + 1)
 // at addresses aligned for one 2-element store.
 __device__ __forceinline__ bool pairs_aligned(const void* base, DType dtype, int64_t row_stride) {
-  const int pair_bytes = dtype == DType::kF64 ? 16 : dtype == DType::kF32 ? 8 : 4;
-  return row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(base) % pair_bytes == 0;
+  return row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(base) % (2 * element_bytes(dtype)) == 0;
 }
 
 // Stores x.x and x.y, rounded to nearest, as elements i and i + 1 (the second only when `both`):

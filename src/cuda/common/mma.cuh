@@ -59,20 +59,26 @@ __device__ __forceinline__ FragA load_frag_a(LoadA a, int k) {
            split_tf32<kP>(a(g + 8, k + t + 4))}};
 }
 
-// acc += A B for one 16 x 8 tile and one k-step, the B fragment given by its two split elements.
-template <Products kP>
-__device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, SplitTf32 x, SplitTf32 y) {
-  if constexpr (kP == Products::kSplit3) {
-    mma_tf32(acc, a.x[0].lo, a.x[1].lo, a.x[2].lo, a.x[3].lo, x.hi, y.hi);
-    mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.lo, y.lo);
-  }
-  mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, x.hi, y.hi);
-}
-
 // The B fragment of one k-step and one 8-column tile, split.
 struct FragB {
   SplitTf32 x, y;
 };
+
+// One k-step of one 16 x 8 tile: the lo*hi terms (kSplit3) into low, the hi*hi term into acc.
+template <Products kP>
+__device__ __forceinline__ void mma_terms(float (&low)[4], float (&acc)[4], const FragA& a, const FragB& b) {
+  if constexpr (kP == Products::kSplit3) {
+    mma_tf32(low, a.x[0].lo, a.x[1].lo, a.x[2].lo, a.x[3].lo, b.x.hi, b.y.hi);
+    mma_tf32(low, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, b.x.lo, b.y.lo);
+  }
+  mma_tf32(acc, a.x[0].hi, a.x[1].hi, a.x[2].hi, a.x[3].hi, b.x.hi, b.y.hi);
+}
+
+// acc += A B for one 16 x 8 tile and one k-step, the B fragment given by its two split elements.
+template <Products kP>
+__device__ __forceinline__ void mma_split(float (&acc)[4], const FragA& a, SplitTf32 x, SplitTf32 y) {
+  mma_terms<kP>(acc, acc, a, FragB{x, y});
+}
 
 // acc[n] += A B over the k-steps of 8 in [k_begin, k_end) for one warp, with a(k) -> FragA and
 // b(k, n) -> FragB the fragments of the k-step at k (warp_mma's element reads, or the paired
@@ -86,12 +92,7 @@ __device__ __forceinline__ void mma_steps(float (&acc)[N][4], int k_begin, int k
     const FragA fa = a(k);
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      const FragB fb = b(k, n);
-      if constexpr (kP == Products::kSplit3) {
-        mma_tf32(low[n], fa.x[0].lo, fa.x[1].lo, fa.x[2].lo, fa.x[3].lo, fb.x.hi, fb.y.hi);
-        mma_tf32(low[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, fb.x.lo, fb.y.lo);
-      }
-      mma_tf32(acc[n], fa.x[0].hi, fa.x[1].hi, fa.x[2].hi, fa.x[3].hi, fb.x.hi, fb.y.hi);
+      mma_terms<kP>(low[n], acc[n], fa, b(k, n));
     }
   }
   if constexpr (kP == Products::kSplit3) {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "cuda/common/mma.cuh"
+#include "cuda/common/vec4.cuh"
 
 namespace fkt::cuda {
 
@@ -32,13 +33,24 @@ __device__ __forceinline__ SplitTf32 stored_operand(float x) {
   else return split_tf32<kP>(x);
 }
 
-__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+// Stores x, elements (row, col) and (row, col + 1) of a tile, transposed into t [.., ld] as operands:
+// t[col][row] and t[col + 1][row].
+template <Products kP>
+__device__ __forceinline__ void store_transposed_pair(float* t, int ld, int row, int col, const float2& x) {
+  t[col * ld + row] = as_operand<kP>(x.x);
+  t[(col + 1) * ld + row] = as_operand<kP>(x.y);
+}
+
+// The lane's pair (k0 + 2t, k0 + 2t + 1) of row `row` of a k-rows operand.
+__device__ __forceinline__ float2 k_pair(const float* a, int ld, int row, int k0) {
+  return load2(a + row * ld + k0 + 2 * (threadIdx.x % 4));
+}
 
 // A fragment of the k-step at k0 from k rows: a at the tile's first row, row stride ld.
 template <Products kP>
 __device__ __forceinline__ FragA frag_a_k_rows(const float* a, int ld, int k0) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const float2 top = load2(a + g * ld + k0 + 2 * t), bottom = load2(a + (g + 8) * ld + k0 + 2 * t);
+  const int g = threadIdx.x % 32 / 4;
+  const float2 top = k_pair(a, ld, g, k0), bottom = k_pair(a, ld, g + 8, k0);
   return {{stored_operand<kP>(top.x), stored_operand<kP>(bottom.x), stored_operand<kP>(top.y),
            stored_operand<kP>(bottom.y)}};
 }
@@ -56,8 +68,7 @@ __device__ __forceinline__ FragA frag_a_m_rows(const float* a, int ld, int k0) {
 // B fragment of the k-step at k0 from k rows: b at the 8-column tile's first row (n).
 template <Products kP>
 __device__ __forceinline__ FragB frag_b_k_rows(const float* b, int ld, int k0) {
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const float2 pair = load2(b + g * ld + k0 + 2 * t);
+  const float2 pair = k_pair(b, ld, threadIdx.x % 32 / 4, k0);
   return {stored_operand<kP>(pair.x), stored_operand<kP>(pair.y)};
 }
 

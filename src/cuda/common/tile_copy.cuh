@@ -9,6 +9,8 @@
 #include "core/tensor.hpp"
 #include "cuda/common/batched.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/fast_exp.cuh"
+#include "cuda/common/vec4.cuh"
 
 namespace fkt::cuda {
 
@@ -213,6 +215,14 @@ __device__ __forceinline__ void store_rows(float* dst, int64_t stride, const flo
     return;
   }
   for_each_cell<1>(rows, cols, stride, ld, [&](int, int, int64_t g, int s) { dst[g] = src[s]; });
+}
+
+// Multiplies a [rows, cols] block of shared memory (row stride ld; cols and ld multiples of 4) by
+// log2(e), by the whole block: log decays in the units exp2_fast takes.
+__device__ __forceinline__ void to_log2_units(float* x, int rows, int cols, int ld) {
+  for_each_cell<4>(rows, cols / 4, 0, ld, [&](int, int, int64_t, int s) {
+    store4(x + s, map4([](float v) { return v * kLog2e; }, load4(x + s)));
+  });
 }
 
 }  // namespace fkt::cuda

@@ -7,6 +7,7 @@
 namespace fkt::cuda {
 
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 __device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // f applied column by column: {f(a.x, b.x, ...), ..., f(a.w, b.w, ...)}.
@@ -14,6 +15,9 @@ template <typename F, typename... Float4>
 __device__ __forceinline__ float4 map4(F f, Float4... a) {
   return {f(a.x...), f(a.y...), f(a.z...), f(a.w...)};
 }
+
+// a . b, summed in the order x, y, z, w.
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 // The first `count` floats at p (the others read as zero): one 16-byte load when `vector` (p is
 // 16-byte aligned) and count >= 4, else one load per element.

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/products.hpp"
+#include "cuda/common/round_up.hpp"
 #include "cuda/sm90/forward/params.hpp"
 #include "cuda/sm90/forward/state_config.hpp"
 
@@ -93,7 +94,7 @@ inline dim3 state_pass_grid(const Problem& p) {
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened
 // columns) of the one sequence.
 inline dim3 cp_summary_grid(const Problem& p) {
-  const int64_t tiles = (p.V + p.K + StateConfig::kTileV - 1) / StateConfig::kTileV;
+  const int64_t tiles = ceil_div(p.V + p.K, StateConfig::kTileV);
   return dim3(1, static_cast<unsigned>(p.HV), static_cast<unsigned>(tiles));
 }
 

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     });
   }
   // P^T dO: warp tiles of 16 rows x 64 columns; row tile I reads P's rows r >= I (lower triangular).
-  const int halves = (Vp + 63) / 64;
+  const int halves = ceil_div(Vp, 64);
   for (int task = warp; task < C / 16 * halves; task += DpConfig::kWarps) {
     const int I0 = task / halves * 16, c0 = task % halves * 64;
     float acc[8][4] = {};

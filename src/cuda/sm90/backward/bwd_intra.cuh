@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
   __syncthreads();
 
   const int groups = Kp / kCols;
-  for (int task = warp; task < (l + 15) / 16 * groups; task += BwdIntraConfig::kWarps) {
+  for (int task = warp; task < ceil_div(l, 16) * groups; task += BwdIntraConfig::kWarps) {
     const int R0 = task / groups * 16, c0 = task % groups * kCols, last = R0 + 15;
+    const bool has_cols = last + 1 < l;  // a row past the sub-chunk holds a token
     const int gq = lane / 4, t = lane % 4;
     float dq_rows[kN][4] = {}, dk_rows[kN][4] = {}, dk_cols[kN][4] = {};
     // Row side, key rows i < R0: (dP, dA)[r, i] . (k_i exp(g_R0 - g_i)), then * exp(g_r - g_R0).
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
     }
     // Column side, rows j past the sub-chunk: (dP, dA)[j, r] . (q_j, beta_j k_j) exp(g_j - g_last),
     // then * exp(g_last - g_r). Only when a row past the sub-chunk holds a token (so g_last does).
-    if (last + 1 < l) {
+    if (has_cols) {
       for (int j0 = last + 1; j0 < C; j0 += 8) {
         const FragA fp = load_frag_a<kP>([&](int r, int j) { return dP[j * ldc + R0 + r]; }, j0);
         const FragA fa = load_frag_a<kP>([&](int r, int j) { return dA[j * ldc + R0 + r]; }, j0);
@@ -141,7 +142,6 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
       gc[r] = g[(R0 + min(r, rows - 1)) * ldk + d];
       kc[r] = k[(R0 + r) * ldk + d];
     }
-    const bool has_cols = last + 1 < l;
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
       const float up = exp2_fast(gc[r] - gc[0]);

@@ -10,6 +10,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma_pairs.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/cp/params.hpp"
@@ -49,7 +50,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   const int tid = threadIdx.x, warp = tid / 32, row0 = warp % StateConfig::kWarps * 16;
   const int col0 = warp / StateConfig::kWarps * kCols;  // the warp's first column of dS
   const bool owner = row0 < Kp;
-  const int64_t chunks = (seq.length + C - 1) / C, stride_k = static_cast<int64_t>(f.HV) * K;
+  const int64_t chunks = ceil_div(seq.length, C), stride_k = static_cast<int64_t>(f.HV) * K;
   const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
   auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
   auto row_of = [&](int64_t j) { return (seq.first_row + j * C) * f.HV + head; };  // chunk's first (token, head) row
@@ -90,8 +91,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
       const int64_t base = (chunk_row * f.HV + head) * static_cast<int64_t>(K) * V + e0;
       for_each_acc_pair<true>(ds, [&](int r, int col, float2 x) {
         const int d = row0 + r, e = col0 + col;
-        dS_t[e * ldk + d] = as_operand<kP>(x.x);
-        dS_t[(e + 1) * ldk + d] = as_operand<kP>(x.y);
+        store_transposed_pair<kP>(dS_t, ldk, d, e, x);
         if (!kSummary && d < K && e < width) {
           store_pair(p.ws.d_states, DType::kF32, base + static_cast<int64_t>(d) * V + e, x, e + 1 < width,
                      states_paired);
@@ -118,8 +118,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
         const int row = R0 + r, col = c0 + e;
         const float2 intra = load2(dd_intra + row * kLd + col);
         const float2 dd = row < l ? make_float2(intra.x + x.x, intra.y + x.y) : make_float2(0.f, 0.f);
-        dd_t[col * ldd + row] = as_operand<kP>(dd.x);
-        dd_t[(col + 1) * ldd + row] = as_operand<kP>(dd.y);
+        store_transposed_pair<kP>(dd_t, ldd, row, col, dd);
         if (!kSummary && row < l && col < width) {
           store_pair(p.ws.d_delta, DType::kF32, (row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + col, dd,
                      col + 1 < width, delta_paired);

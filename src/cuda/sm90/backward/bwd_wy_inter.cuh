@@ -56,7 +56,7 @@ struct WyInterLayout {
     const int phase1_end = tile_dd + C * lds, later_end = v + C * ldv;
     carry = phase1_end > later_end ? phase1_end : later_end;  // [K]
     part = carry + K;                                          // [Vp / 32, C] dbeta parts of Y_u . v
-    rows_part = part + (Vp + WyInterConfig::kCols - 1) / WyInterConfig::kCols * C;  // [kRowGroups, K]
+    rows_part = part + ceil_div(Vp, WyInterConfig::kCols) * C;  // [kRowGroups, K]
     floats = rows_part + WyInterConfig::kRowGroups * K;
   }
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Warp tiles of a [C, width] output: 16 rows x 32 columns, at most 16 of them (C, width <= 128).
   constexpr int kCols = WyInterConfig::kCols, kN = kCols / 8;
   auto tile_of = [&](int width) {
-    const int groups = (width + kCols - 1) / kCols;
+    const int groups = ceil_div(width, kCols);
     return int3{warp < C / 16 * groups, warp / groups * 16, warp % groups * kCols};
   };
 

@@ -51,7 +51,7 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   return params;
 }
 
-unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>((extent + tile - 1) / tile); }
+unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>(ceil_div(extent, tile)); }
 
 // The backward summary's workspace: F1 to F3 write into the forward's part (without what only B3
 // to B8 read), B1 into the backward's. One layout for sizing and for the run.

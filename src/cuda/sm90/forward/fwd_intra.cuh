@@ -106,15 +106,16 @@ __device__ __forceinline__ int2 strict_pair(int idx) {
 // The blocks of T = (I + A)^-1 below its diagonal, nearest the diagonal first, given its diagonal
 // blocks: T_RI = -T_RR Y_RI with Y_RI = sum_{I <= M < R} A_RM T_MI (16 x 16 blocks; A, T [C, ldc],
 // scratch Y of (subs - 1) 16 x 16 blocks). Each distance waits for the one before.
-// kTf32 (bfloat16 inputs): warp tasks (block, 8-column half) on tensor cores in split 3xTF32.
-// kSplit3 (float16 / float32 inputs): fp32 FMAs, one thread per element: the inverse keeps fp32
-// accuracy (3xTF32 drifted the float32 context-parallel gradients past their 1e-5 check).
-template <Products kP, int kWarps>
+// kTensorCores (the kTf32 products of bfloat16 inputs): warp tasks (block, 8-column half) on tensor
+// cores in split 3xTF32. Otherwise (float16 / float32 inputs): fp32 FMAs, one thread per element:
+// the inverse keeps fp32 accuracy (3xTF32 drifted the float32 context-parallel gradients past
+// their 1e-5 check).
+template <bool kTensorCores, int kWarps>
 __device__ __forceinline__ void invert_below_diagonal(const float* A, float* T, float* Y, int ldc, int subs) {
   constexpr int kSub = 16;
   const int tid = threadIdx.x, warp = tid / 32;
   for (int dist = 1; dist < subs; ++dist) {
-    if constexpr (kP == Products::kTf32) {
+    if constexpr (kTensorCores) {
       for (int task = warp; task < (subs - dist) * 2; task += kWarps) {
         const int R0 = (dist + task / 2) * kSub, I0 = R0 - dist * kSub, c0 = I0 + task % 2 * 8;
         float* y = Y + task * kSub * 8;  // [16, 8]: a row stride of 8 keeps the B-operand reads conflict free
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
   const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows);
   const int Kp = Config::padded(K), Vp = Config::padded(V);
-  const int subs = C / kSub, live = (l + kSub - 1) / kSub;  // sub-chunks, those holding tokens
+  const int subs = C / kSub, live = ceil_div(l, kSub);  // sub-chunks, those holding tokens
   const IntraLayout<In> L(C, K, V);
   const int ldk = L.ldk, ldv = L.ldv, ldg = L.ldg, ldc = L.ldc;
   extern __shared__ __align__(16) char smem_bytes[];
@@ -235,10 +236,9 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     for (int d = 0; d < Kp; d += 4) {
       const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
       const float4 qr = q4(r, d), kr = k4(r, d), ki = k4(i, d);
-      const float e0 = exp2_fast(gr.x - gi.x) * ki.x, e1 = exp2_fast(gr.y - gi.y) * ki.y,
-                  e2 = exp2_fast(gr.z - gi.z) * ki.z, e3 = exp2_fast(gr.w - gi.w) * ki.w;
-      qk += qr.x * e0 + qr.y * e1 + qr.z * e2 + qr.w * e3;
-      kk += kr.x * e0 + kr.y * e1 + kr.z * e2 + kr.w * e3;
+      const float4 e = map4([](float a, float b, float x) { return exp2_fast(a - b) * x; }, gr, gi, ki);
+      qk += dot4(qr, e);
+      kk += dot4(kr, e);
     }
     T[r * ldc + i] = p.scale * qk;
     A[r * ldc + i] = beta[r] * kk;
@@ -247,8 +247,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   for (int r = tid - spare; r >= 0 && r < l; r += nthreads - spare) {
     float qk = 0.f;
     for (int d = 0; d < Kp; d += 4) {
-      const float4 qr = q4(r, d), kr = k4(r, d);
-      qk += qr.x * kr.x + qr.y * kr.y + qr.z * kr.z + qr.w * kr.w;
+      qk += dot4(q4(r, d), k4(r, d));
     }
     T[r * ldc + r] = p.scale * qk;
   }
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
   }
   __syncthreads();
-  invert_below_diagonal<kP, kWarps>(A, T, Y, ldc, subs);
+  invert_below_diagonal<kP == Products::kTf32, kWarps>(A, T, Y, ldc, subs);
 
   // A is dead: v into its place.
   if constexpr (Config::kNarrow) {
@@ -323,14 +322,14 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // W's operand beta_i k_hat[i, e] exp(gamma[i, e]) is formed as its fragments are read.
   // W, K_down and Q_up are stored as operands of the state passes' products (as_operand).
   auto product = [&](int width, float* out, bool beta_columns, auto b) {
-    const int groups = (width + 31) / 32;
+    const int groups = ceil_div(width, 32);
+    const bool paired = pairs_aligned(out, DType::kF32, width);
     for (int task = warp; task < live * groups; task += kWarps) {
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
       warp_mma<kP, 4>(acc, 0, R0 + kSub,
                       [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
                       [&](int i, int e) { return c0 + e < width ? b(i, c0 + e) : 0.f; });
-      const bool paired = pairs_aligned(out, DType::kF32, width);
       for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
         if (!beta_columns) pair = make_float2(as_operand<kP>(pair.x), as_operand<kP>(pair.y));  // W
         if (R0 + r < l && c0 + e < width) {

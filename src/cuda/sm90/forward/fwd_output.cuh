@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   // Warp tasks: (16-row tile, 32-column half of the V-tile); P is lower triangular, so row tile R
   // reads delta's rows below 16 (R + 1) only.
   constexpr int kHalves = kTile / kCols;
-  for (int task = warp; task < (l + 15) / 16 * kHalves; task += OutputConfig::kWarps) {
+  for (int task = warp; task < ceil_div(l, 16) * kHalves; task += OutputConfig::kWarps) {
     const int R0 = task / kHalves * 16, c0 = task % kHalves * kCols;
     if (c0 >= width) continue;
     float acc[kCols / 8][4] = {};

@@ -8,6 +8,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma_pairs.cuh"
+#include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -38,7 +39,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   float* g_last = smem + L.g_last;
   const int warp = threadIdx.x / 32, row0 = warp * 16;
   const bool owner = row0 < Kp;
-  const int64_t chunks = (seq.length + C - 1) / C, stride_k = static_cast<int64_t>(p.HV) * K;
+  const int64_t chunks = ceil_div(seq.length, C), stride_k = static_cast<int64_t>(p.HV) * K;
   const int64_t stride_v = static_cast<int64_t>(p.HV) * V;
   auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
   auto row_of = [&](int64_t j) { return (seq.first_row + j * C) * p.HV + head; };  // chunk's first (token, head) row
@@ -78,8 +79,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       const int64_t base = (chunk_row * p.HV + head) * static_cast<int64_t>(K) * V;
       for_each_acc_pair<true>(s, [&](int r, int e, float2 x) {
         const int d = row0 + r;
-        S_t[e * ldk + d] = as_operand<kP>(x.x);
-        S_t[(e + 1) * ldk + d] = as_operand<kP>(x.y);
+        store_transposed_pair<kP>(S_t, ldk, d, e, x);
         if (kSummary || d >= K || e >= width) return;
         store_pair(p.ws.states, DType::kF32, base + static_cast<int64_t>(d) * V + e0 + e, x, e + 1 < width,
                    states_paired);
@@ -104,8 +104,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
         const int row = R0 + r, col = c0 + e;
         const float2 u = load2(U + row * kLd + col);
         const float2 d = row < l ? make_float2(u.x - x.x, u.y - x.y) : make_float2(0.f, 0.f);
-        delta_t[col * ldd + row] = as_operand<kP>(d.x);
-        delta_t[(col + 1) * ldd + row] = as_operand<kP>(d.y);
+        store_transposed_pair<kP>(delta_t, ldd, row, col, d);
         if (!kSummary && row < l && col < width) {
           store_pair(p.ws.delta, DType::kF32, (row_of(j) + static_cast<int64_t>(row) * p.HV) * V + e0 + col, d,
                      col + 1 < width, delta_paired);

@@ -14,7 +14,7 @@ struct StateConfig {
   static constexpr int kLdTile = kTileV + 8;  // [*, kTileV] buffers read at accumulator pairs (row g, column 2t)
   // Blocks of a pass: (sequence, value head, V-tile), the V-tiles of one head adjacent in x so that
   // they run together and share the chunk's W, K_down (or K_down, Q_up, W) through L2.
-  __host__ __device__ static int tiles(int V) { return (V + kTileV - 1) / kTileV; }
+  __host__ __device__ static int tiles(int V) { return ceil_div(V, kTileV); }
   // bwd_state: its shared memory admits one block per SM, so it runs two warps per 16 rows (16
   // columns each) to keep twice as many products in flight.
   static constexpr int kBwdThreads = 512;
