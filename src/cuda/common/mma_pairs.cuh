@@ -12,14 +12,26 @@
 // whatever bits it ignores; kSplit3 operands are split as they are read. The products themselves
 // are mma_steps with these fragments.
 //
-// Row strides that keep the reads free of bank conflicts (a 64-bit access is served per half warp):
-// 8 (mod 32) for k rows, 4 (mod 32) for m rows and n rows.
+// The A operands of the state passes (W, K_down, Q_up: Operand<kP>) are stored in bf16 for kTf32
+// products (bf16 inputs, as FLA keeps them): a pair is one 32-bit load and widens to TF32 exactly.
+//
+// Row strides that keep the reads free of bank conflicts: fp32 (a 64-bit access is served per half
+// warp) 8 (mod 32) floats for k rows, 4 (mod 32) for m rows and n rows; bf16 8 (mod 64) elements for
+// both (StateConfig::ld_operand).
 #pragma once
+
+#include <type_traits>
+
+#include <cuda_bf16.h>
 
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
 
 namespace fkt::cuda {
+
+// The element type of the stored A operands of products of precision kP.
+template <Products kP>
+using Operand = std::conditional_t<kP == Products::kTf32, __nv_bfloat16, float>;
 
 // x as a stored operand: TF32-rounded for kTf32, as it is for kSplit3.
 template <Products kP>
@@ -42,13 +54,14 @@ __device__ __forceinline__ void store_transposed_pair(float* t, int ld, int row,
 }
 
 // The lane's pair (k0 + 2t, k0 + 2t + 1) of row `row` of a k-rows operand.
-__device__ __forceinline__ float2 k_pair(const float* a, int ld, int row, int k0) {
+template <typename T>
+__device__ __forceinline__ float2 k_pair(const T* a, int ld, int row, int k0) {
   return load2(a + row * ld + k0 + 2 * (threadIdx.x % 4));
 }
 
 // A fragment of the k-step at k0 from k rows: a at the tile's first row, row stride ld.
-template <Products kP>
-__device__ __forceinline__ FragA frag_a_k_rows(const float* a, int ld, int k0) {
+template <Products kP, typename T>
+__device__ __forceinline__ FragA frag_a_k_rows(const T* a, int ld, int k0) {
   const int g = threadIdx.x % 32 / 4;
   const float2 top = k_pair(a, ld, g, k0), bottom = k_pair(a, ld, g + 8, k0);
   return {{stored_operand<kP>(top.x), stored_operand<kP>(bottom.x), stored_operand<kP>(top.y),
@@ -57,8 +70,8 @@ __device__ __forceinline__ FragA frag_a_k_rows(const float* a, int ld, int k0) {
 
 // A fragment of the k-step at k0 from m rows, interleaved: a at the tile's first column (m) of
 // row 0 (k), row stride ld.
-template <Products kP>
-__device__ __forceinline__ FragA frag_a_m_rows(const float* a, int ld, int k0) {
+template <Products kP, typename T>
+__device__ __forceinline__ FragA frag_a_m_rows(const T* a, int ld, int k0) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const float2 first = load2(a + (k0 + 2 * t) * ld + 2 * g), second = load2(a + (k0 + 2 * t + 1) * ld + 2 * g);
   return {{stored_operand<kP>(first.x), stored_operand<kP>(first.y), stored_operand<kP>(second.x),

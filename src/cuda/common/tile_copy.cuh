@@ -120,6 +120,13 @@ __device__ __forceinline__ void copy_rows16_async(T* dst, int ld, const T* src, 
   });
 }
 
+// copy_rows_async of bf16 rows (copy_rows16_async): one name for the state passes' operands,
+// whatever their element type (Operand in common/mma_pairs.cuh).
+__device__ __forceinline__ void copy_rows_async(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, int64_t stride,
+                                                int rows, int cols, int valid_rows, int valid_cols) {
+  copy_rows16_async(dst, ld, src, stride, rows, cols, valid_rows, valid_cols);
+}
+
 // N pointers, passed by value (a by-reference array could be left in local memory).
 template <typename P, int N>
 struct Pointers {

@@ -4,10 +4,18 @@
 // there; global rows are when their stride and base are (the `vector` argument below).
 #pragma once
 
+#include <cuda_bf16.h>
+
 namespace fkt::cuda {
 
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// Two adjacent bf16 as fp32 (exact: the bits move up).
+__device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
+  const uint32_t bits = *reinterpret_cast<const uint32_t*>(p);
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
 __device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // f applied column by column: {f(a.x, b.x, ...), ..., f(a.w, b.w, ...)}.
@@ -38,6 +46,22 @@ __device__ __forceinline__ void store_first(float* p, float4 v, int count, bool 
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (j < count) p[j] = e[j];
+  }
+}
+
+// Stores the first `count` elements of v at p rounded to bf16: one 8-byte store when `vector` (p
+// is 8-byte aligned) and count >= 4, else one store per element.
+__device__ __forceinline__ void store_first(__nv_bfloat16* p, float4 v, int count, bool vector) {
+  if (vector && count >= 4) {
+    const __nv_bfloat162 low = __floats2bfloat162_rn(v.x, v.y), high = __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(*reinterpret_cast<const unsigned*>(&low), *reinterpret_cast<const unsigned*>(&high));
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j < count) p[j] = __float2bfloat16_rn(e[j]);
   }
 }
 

@@ -34,17 +34,18 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns with dO, d_delta
-  const int ldk = StateConfig::ld_k_rows(K), ldm = StateConfig::ld_mn_rows(K);
-  const int ldd = StateConfig::ld_k_rows(C), ldo = StateConfig::ld_mn_rows(kTile);
+  using Op = Operand<kP>;
+  const int ldr = StateConfig::ld_operand(K, sizeof(Op), true), ldm = StateConfig::ld_operand(K, sizeof(Op), false);
+  const int ldk = StateConfig::ld_k_rows(K), ldd = StateConfig::ld_k_rows(C), ldo = StateConfig::ld_mn_rows(kTile);
   const SequenceSpan seq = sequence_span(f, n);
-  const BwdStateLayout L(C, K);
+  const BwdStateLayout L(C, K, sizeof(Op));
   extern __shared__ __align__(16) float smem[];
-  float* kd = smem + L.kd;
+  Op* kd = reinterpret_cast<Op*>(smem + L.kd);
   float* dd_intra = smem + L.dd_intra;
   float* dd_t = smem + L.dd;
   float* dS_t = smem + L.ds;
-  float* qu = smem + L.qu;
-  float* W = smem + L.w;
+  Op* qu = reinterpret_cast<Op*>(smem + L.qu);
+  Op* W = reinterpret_cast<Op*>(smem + L.w);
   float* d_o = smem + L.d_o;
   float* g_last = smem + L.g_last;
   const int tid = threadIdx.x, warp = tid / 32, row0 = warp % StateConfig::kWarps * 16;
@@ -57,13 +58,14 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   // Group A: K_down and the intra d_delta of chunk j; group B: Q_up, W and gamma_L. Rows past the
   // end and padding are zero.
   auto issue_delta = [&](int64_t j) {
-    copy_rows_async(kd, ldk, f.ws.k_down + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(kd, ldr, reinterpret_cast<const Op*>(f.ws.k_down) + row_of(j) * K, stride_k, C, Kp, rows_of(j),
+                    K);
     copy_rows_async(dd_intra, kLd, p.ws.d_delta + row_of(j) * V + e0, stride_v, C, kTile, rows_of(j), values);
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
-    copy_rows_async(qu, ldm, f.ws.q_up + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
-    copy_rows_async(W, ldm, f.ws.W + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(qu, ldm, reinterpret_cast<const Op*>(f.ws.q_up) + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(W, ldm, reinterpret_cast<const Op*>(f.ws.W) + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(g_last, Kp, f.ws.gamma + (row_of(j) + static_cast<int64_t>(rows_of(j) - 1) * f.HV) * K, stride_k,
                     1, Kp, 1, K);
     cp_async_commit();
@@ -112,7 +114,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
       mma_steps<kP>(
-          acc, 0, Kp, [&](int k) { return frag_a_k_rows<kP>(kd + R0 * ldk, ldk, k); },
+          acc, 0, Kp, [&](int k) { return frag_a_k_rows<kP>(kd + R0 * ldr, ldr, k); },
           [&](int k, int n) { return frag_b_k_rows<kP>(dS_t + (c0 + 8 * n) * ldk, ldk, k); });
       for_each_acc_pair(acc, [&](int r, int e, float2 x) {
         const int row = R0 + r, col = c0 + e;

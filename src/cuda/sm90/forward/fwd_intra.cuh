@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   row_scales(q, l, C, K, ldk, p.l2norm, scale_q);
   row_scales(k, l, C, K, ldk, p.l2norm, scale_k);
   __syncthreads();
-  const bool vector = K % 4 == 0;  // 16-byte aligned global rows of K floats
+  const bool vector = K % 4 == 0;  // aligned global rows of K floats (of K bf16 operands: 8 bytes)
   if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
     float* q_hat = p.ws.q_hat + row_at(0) * K;
     float* k_hat = p.ws.k_hat + row_at(0) * K;
@@ -320,10 +320,13 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // U = T diag(beta) V, then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
   // reads T's columns below 16 (R + 1) only (T is lower triangular). beta scales T's columns for U;
   // W's operand beta_i k_hat[i, e] exp(gamma[i, e]) is formed as its fragments are read.
-  // W, K_down and Q_up are stored as operands of the state passes' products (as_operand).
-  auto product = [&](int width, float* out, bool beta_columns, auto b) {
+  // W, K_down and Q_up are stored as operands of the state passes' products (Operand<kP>).
+  using Op = Operand<kP>;
+  constexpr DType kOpDType = sizeof(Op) == 2 ? DType::kBF16 : DType::kF32;
+  auto product = [&](int width, void* out, bool beta_columns, auto b) {
+    const DType dtype = beta_columns ? DType::kF32 : kOpDType;  // U, or W
     const int groups = ceil_div(width, 32);
-    const bool paired = pairs_aligned(out, DType::kF32, width);
+    const bool paired = pairs_aligned(out, dtype, width);
     for (int task = warp; task < live * groups; task += kWarps) {
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
@@ -331,9 +334,8 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
                       [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
                       [&](int i, int e) { return c0 + e < width ? b(i, c0 + e) : 0.f; });
       for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
-        if (!beta_columns) pair = make_float2(as_operand<kP>(pair.x), as_operand<kP>(pair.y));  // W
         if (R0 + r < l && c0 + e < width) {
-          store_pair(out, DType::kF32, row_at(R0 + r) * width + c0 + e, pair, c0 + e + 1 < width, paired);
+          store_pair(out, dtype, row_at(R0 + r) * width + c0 + e, pair, c0 + e + 1 < width, paired);
         }
       });
     }
@@ -342,15 +344,14 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   __syncthreads();
   product(V, p.ws.U, true, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
   const float* g_last = g + (l - 1) * ldg;
-  float* q_up = p.ws.q_up + row_at(0) * K;
-  float* k_down = p.ws.k_down + row_at(0) * K;
+  Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
+  Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
   for_each_cell<4>(l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
     const float4 gr = load4(g + s), kr = k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
-    const float4 q_up_r = map4([](float qx, float u) { return as_operand<kP>(qx * u); }, q4(r, d), up);
-    store_first(q_up + at, q_up_r, K - d, vector);
-    const float4 down = map4([](float kx, float last, float gx) { return as_operand<kP>(kx * exp2_fast(last - gx)); },
-                             kr, load4(g_last + d), gr);
+    store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
+    const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
+                             load4(g_last + d), gr);
     store_first(k_down + at, down, K - d, vector);
   });
   product(K, p.ws.W, false, [&](int i, int e) { return beta[i] * k_at(i, e) * exp2_fast(g[i * ldg + e]); });

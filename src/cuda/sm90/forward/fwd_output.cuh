@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -19,10 +20,19 @@ struct OutputConfig {
   // Row strides: 4 (mod 32) for A operands (Q_up, P), 8 (mod 32) for B operands (h, delta), so
   // the fragment reads are free of bank conflicts.
   __host__ __device__ static int ld_a(int cols) { return padded(cols) + 4; }
+  // Q_up's row stride in its elements (Operand in common/mma_pairs.cuh): as ld_a for fp32, 8
+  // (mod 64) for bf16, whose lanes t, t + 1 then share a word.
+  __host__ __device__ static int ld_q(int K, int operand_bytes) {
+    return operand_bytes == 2 ? round_up<64>(K) + 8 : ld_a(K);
+  }
   static constexpr int kLdB = kTileV + 8;
-  // fp32 shared memory: Q_up [C, ld_a(K)], h [Kp, kLdB], P [C, ld_a(C)], delta [C, kLdB].
-  static size_t smem_bytes(int C, int K) {
-    return sizeof(float) * (C * ld_a(K) + padded(K) * kLdB + C * ld_a(C) + C * kLdB);
+  // Shared memory: Q_up [C, ld_q] of operand_bytes each (a multiple of 16 bytes: C is a multiple of
+  // 16), then fp32 h [Kp, kLdB], P [C, ld_a(C)], delta [C, kLdB].
+  __host__ __device__ static int q_floats(int C, int K, int operand_bytes) {
+    return C * ld_q(K, operand_bytes) * operand_bytes / 4;
+  }
+  static size_t smem_bytes(int C, int K, int operand_bytes) {
+    return sizeof(float) * (q_floats(C, K, operand_bytes) + padded(K) * kLdB + C * ld_a(C) + C * kLdB);
   }
 };
 
@@ -33,10 +43,11 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   const ChunkSpan c = chunk_span(p, chunk);
   const int head = blockIdx.y, e0 = blockIdx.z * kTile;
   const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), width = min(kTile, V - e0);
-  const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_a(K), ldp = OutputConfig::ld_a(C);
+  using Op = Operand<kP>;
+  const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_q(K, sizeof(Op)), ldp = OutputConfig::ld_a(C);
   extern __shared__ __align__(16) float smem[];
-  float* qu = smem;                // [C, ldq]
-  float* h = qu + C * ldq;         // [Kp, kLdB]
+  Op* qu = reinterpret_cast<Op*>(smem);                            // [C, ldq]
+  float* h = smem + OutputConfig::q_floats(C, K, sizeof(Op));      // [Kp, kLdB]
   float* P = h + Kp * kLdB;        // [C, ldp]
   float* delta = P + C * ldp;      // [C, kLdB]
   const int warp = threadIdx.x / 32;
@@ -45,7 +56,7 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
 
   // Rows past the chunk's end, columns past K and past the tile are zero.
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_v = static_cast<int64_t>(p.HV) * V;
-  copy_rows_async(qu, ldq, p.ws.q_up + row_at(0) * K, stride_k, C, Kp, l, K);
+  copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * K, stride_k, C, Kp, l, K);
   copy_rows_async(h, kLdB, p.ws.states + (chunk * p.HV + head) * K * V + e0, V, Kp, kTile, K, width);
   copy_rows_async(P, ldp, p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l, C);
   copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
@@ -59,7 +70,7 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
     const int R0 = task / kHalves * 16, c0 = task % kHalves * kCols;
     if (c0 >= width) continue;
     float acc[kCols / 8][4] = {};
-    warp_mma<kP, kCols / 8>(acc, 0, Kp, [&](int r, int d) { return qu[(R0 + r) * ldq + d]; },
+    warp_mma<kP, kCols / 8>(acc, 0, Kp, [&](int r, int d) { return to_float(qu[(R0 + r) * ldq + d]); },
                             [&](int d, int e) { return h[d * kLdB + c0 + e]; });
 #pragma unroll
     for (int n = 0; n < kCols / 8; ++n) {

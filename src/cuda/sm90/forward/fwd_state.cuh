@@ -27,12 +27,14 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns that have new values
-  const int ldk = StateConfig::ld_k_rows(K), ldm = StateConfig::ld_mn_rows(K), ldd = StateConfig::ld_k_rows(C);
+  using Op = Operand<kP>;
+  const int ldw = StateConfig::ld_operand(K, sizeof(Op), true), ldm = StateConfig::ld_operand(K, sizeof(Op), false);
+  const int ldk = StateConfig::ld_k_rows(K), ldd = StateConfig::ld_k_rows(C);
   const SequenceSpan seq = sequence_span(p, n);
-  const FwdStateLayout L(C, K);
+  const FwdStateLayout L(C, K, sizeof(Op));
   extern __shared__ __align__(16) float smem[];
-  float* W = smem + L.w;
-  float* kd = smem + L.kd;
+  Op* W = reinterpret_cast<Op*>(smem + L.w);
+  Op* kd = reinterpret_cast<Op*>(smem + L.kd);
   float* U = smem + L.u;
   float* S_t = smem + L.s;
   float* delta_t = smem + L.delta;
@@ -45,12 +47,13 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   auto row_of = [&](int64_t j) { return (seq.first_row + j * C) * p.HV + head; };  // chunk's first (token, head) row
   // Group A: W and U of chunk j; group B: K_down and gamma_L. Rows past the end and padding are zero.
   auto issue_values = [&](int64_t j) {
-    copy_rows_async(W, ldk, p.ws.W + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(W, ldw, reinterpret_cast<const Op*>(p.ws.W) + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(U, kLd, p.ws.U + row_of(j) * V + e0, stride_v, C, kTile, rows_of(j), values);
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
-    copy_rows_async(kd, ldm, p.ws.k_down + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
+    copy_rows_async(kd, ldm, reinterpret_cast<const Op*>(p.ws.k_down) + row_of(j) * K, stride_k, C, Kp, rows_of(j),
+                    K);
     copy_rows_async(g_last, Kp, p.ws.gamma + (row_of(j) + static_cast<int64_t>(rows_of(j) - 1) * p.HV) * K, stride_k,
                     1, Kp, 1, K);
     cp_async_commit();
@@ -98,7 +101,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       const int R0 = warp / 2 * 16, c0 = warp % 2 * 16;
       float acc[2][4] = {};
       mma_steps<kP>(
-          acc, 0, Kp, [&](int k) { return frag_a_k_rows<kP>(W + R0 * ldk, ldk, k); },
+          acc, 0, Kp, [&](int k) { return frag_a_k_rows<kP>(W + R0 * ldw, ldw, k); },
           [&](int k, int n) { return frag_b_k_rows<kP>(S_t + (c0 + 8 * n) * ldk, ldk, k); });
       for_each_acc_pair(acc, [&](int r, int e, float2 x) {
         const int row = R0 + r, col = c0 + e;
@@ -135,7 +138,8 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   }
 }
 
-// Two blocks per SM (106 KB of shared memory each for C = 64, K = 128; at most 128 registers).
+// Two blocks per SM (106 KB of shared memory each for C = 64, K = 128 and fp32 operands, 72 KB with
+// bf16 ones; at most 128 registers).
 template <Products kP>
 __global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
   const int tiles = StateConfig::tiles(p.V);

@@ -90,11 +90,12 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   const unsigned heads = static_cast<unsigned>(p.HV);
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
-    launch(fwd_state_kernel<kP>, state_pass_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K), s,
-           params);
+    constexpr int kOperandBytes = sizeof(Operand<kP>);
+    launch(fwd_state_kernel<kP>, state_pass_grid(p), StateConfig::kThreads,
+           FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
     if (params.o == nullptr) return;
     launch(fwd_output_kernel<kP>, dim3(chunks, heads, ceil_div(p.V, OutputConfig::kTileV)),
-           OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K), s, params);
+           OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K, kOperandBytes), s, params);
   });
 }
 
@@ -114,7 +115,8 @@ void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char
   params.summary = summary;
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);
   const DeviceGuard device(p.device.device_id);
-  launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads, FwdStateLayout::bytes(p.chunk, p.K),
+  launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads,
+         FwdStateLayout::bytes(p.chunk, p.K, sizeof(Operand<kSummaryProducts>)),
          static_cast<cudaStream_t>(stream), params);
 }
 

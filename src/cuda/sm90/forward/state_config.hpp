@@ -26,44 +26,58 @@ struct StateConfig {
   // 8 (mod 32) with k along the rows, 4 (mod 32) with m or n along them; conflict-free reads.
   __host__ __device__ static int ld_k_rows(int extent) { return round_up<32>(extent) + 8; }
   __host__ __device__ static int ld_mn_rows(int extent) { return round_up<32>(extent) + 4; }
+  // Row strides, in elements, of the stored A operands W, K_down, Q_up (Operand in
+  // common/mma_pairs.cuh) of `bytes` each: fp32 as above, bf16 8 (mod 64) with k or m along rows.
+  __host__ __device__ static int ld_operand(int K, int bytes, bool k_rows) {
+    return bytes == 2 ? round_up<64>(K) + 8 : k_rows ? ld_k_rows(K) : ld_mn_rows(K);
+  }
+  // Floats taken by `rows` operand rows (a multiple of 4: rows is a multiple of 16, ld even).
+  __host__ __device__ static int operand_floats(int rows, int K, int bytes, bool k_rows) {
+    return rows * ld_operand(K, bytes, k_rows) * bytes / 4;
+  }
 };
 
-// fwd_state, offsets in floats: W [C, ld_k_rows(K)], K_down [C, ld_mn_rows(K)], U [C, kLdTile],
-// S^T [kTileV, ld_k_rows(K)] (the state, mirrored from registers), delta^T [kTileV, ld_k_rows(C)],
-// gamma_L [Kp].
+// fwd_state, offsets in floats: W [C, ld_operand] and K_down [C, ld_operand] of `bytes` each,
+// U [C, kLdTile], S^T [kTileV, ld_k_rows(K)] (the state, mirrored from registers), delta^T
+// [kTileV, ld_k_rows(C)], gamma_L [Kp].
 struct FwdStateLayout {
   int w, kd, u, s, delta, g_last, floats;
-  __host__ __device__ FwdStateLayout(int C, int K) {
+  __host__ __device__ FwdStateLayout(int C, int K, int operand_bytes) {
     constexpr int kTile = StateConfig::kTileV;
     w = 0;
-    kd = w + C * StateConfig::ld_k_rows(K);
-    u = kd + C * StateConfig::ld_mn_rows(K);
+    kd = w + StateConfig::operand_floats(C, K, operand_bytes, true);
+    u = kd + StateConfig::operand_floats(C, K, operand_bytes, false);
     s = u + C * StateConfig::kLdTile;
     delta = s + kTile * StateConfig::ld_k_rows(K);
     g_last = delta + kTile * StateConfig::ld_k_rows(C);
     floats = g_last + StateConfig::padded(K);
   }
-  static size_t bytes(int C, int K) { return sizeof(float) * FwdStateLayout(C, K).floats; }
+  static size_t bytes(int C, int K, int operand_bytes) {
+    return sizeof(float) * FwdStateLayout(C, K, operand_bytes).floats;
+  }
 };
 
-// bwd_state, offsets in floats: K_down [C, ld_k_rows(K)], the intra d_delta [C, kLdTile], the total
-// d_delta^T [kTileV, ld_k_rows(C)], dS^T [kTileV, ld_k_rows(K)] (mirrored from registers), Q_up and
-// W [C, ld_mn_rows(K)], s * dO [C, ld_mn_rows(kTileV)], gamma_L [Kp].
+// bwd_state, offsets in floats: K_down [C, ld_operand] of `bytes` each, the intra d_delta
+// [C, kLdTile], the total d_delta^T [kTileV, ld_k_rows(C)], dS^T [kTileV, ld_k_rows(K)] (mirrored
+// from registers), Q_up and W [C, ld_operand] of `bytes` each, s * dO [C, ld_mn_rows(kTileV)],
+// gamma_L [Kp].
 struct BwdStateLayout {
   int kd, dd_intra, dd, ds, qu, w, d_o, g_last, floats;
-  __host__ __device__ BwdStateLayout(int C, int K) {
+  __host__ __device__ BwdStateLayout(int C, int K, int operand_bytes) {
     constexpr int kTile = StateConfig::kTileV;
     kd = 0;
-    dd_intra = kd + C * StateConfig::ld_k_rows(K);
+    dd_intra = kd + StateConfig::operand_floats(C, K, operand_bytes, true);
     dd = dd_intra + C * StateConfig::kLdTile;
     ds = dd + kTile * StateConfig::ld_k_rows(C);
     qu = ds + kTile * StateConfig::ld_k_rows(K);
-    w = qu + C * StateConfig::ld_mn_rows(K);
-    d_o = w + C * StateConfig::ld_mn_rows(K);
+    w = qu + StateConfig::operand_floats(C, K, operand_bytes, false);
+    d_o = w + StateConfig::operand_floats(C, K, operand_bytes, false);
     g_last = d_o + C * StateConfig::ld_mn_rows(kTile);
     floats = g_last + StateConfig::padded(K);
   }
-  static size_t bytes(int C, int K) { return sizeof(float) * BwdStateLayout(C, K).floats; }
+  static size_t bytes(int C, int K, int operand_bytes) {
+    return sizeof(float) * BwdStateLayout(C, K, operand_bytes).floats;
+  }
 };
 
 }  // namespace fkt::cuda
