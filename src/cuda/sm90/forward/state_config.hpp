@@ -31,7 +31,9 @@ struct StateConfig {
   __host__ __device__ static int ld_operand(int K, int bytes, bool k_rows) {
     return bytes == 2 ? round_up<64>(K) + 8 : k_rows ? ld_k_rows(K) : ld_mn_rows(K);
   }
-  // Floats taken by `rows` operand rows (a multiple of 4: rows is a multiple of 16, ld even).
+  // Floats taken by `rows` operand rows (a multiple of 4, keeping the next region 16-byte aligned:
+  // ld is a multiple of 8, rows of 16). bf16 rows go by 16-byte cp.async when K is a multiple of
+  // 8, else element by element (fp32 ones when K is a multiple of 4).
   __host__ __device__ static int operand_floats(int rows, int K, int bytes, bool k_rows) {
     return rows * ld_operand(K, bytes, k_rows) * bytes / 4;
   }
