@@ -14,7 +14,8 @@ needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda(
 
 
 def make_inputs(B=2, T=100, H=2, HV=None, K=16, V=16, dtype=torch.float32, gate_in_kernel=False,
-                beta_logits=False, cu_seqlens=None, state=True, state_v_first=False, requires_grad=True):
+                beta_logits=False, cu_seqlens=None, state=True, state_v_first=False, requires_grad=True,
+                gate_scale=1.0):
     HV = HV or H
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -22,7 +23,8 @@ def make_inputs(B=2, T=100, H=2, HV=None, K=16, V=16, dtype=torch.float32, gate_
         q=torch.randn(B, T, H, K).to(dtype),
         k=F.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype),
         v=torch.randn(B, T, HV, V).to(dtype),
-        g=(torch.randn(B, T, HV, K) if gate_in_kernel else F.logsigmoid(torch.randn(B, T, HV, K))).to(dtype),
+        g=(torch.randn(B, T, HV, K) if gate_in_kernel
+           else gate_scale * F.logsigmoid(torch.randn(B, T, HV, K))).to(dtype),
         beta=(torch.randn(B, T, HV) if beta_logits else torch.rand(B, T, HV)).to(dtype),
         initial_state=(torch.randn(N, HV, V, K) if state_v_first else torch.randn(N, HV, K, V)).to(state_dtype)
         if state else None,

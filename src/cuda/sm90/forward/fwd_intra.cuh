@@ -1,8 +1,8 @@
 // F2 and F3 on CUDA, one block per (chunk, value head): P and A of the chunk, T = (I + A)^-1, then
 // W = T diag(beta) K_up, U = T diag(beta) V, K_down and Q_up. The chunk is cut into 16-row
-// sub-chunks (one tensor-core row tile): the 16 x 16 diagonal blocks of P and A keep the pairwise
-// exponentials, the blocks below them use the reference-row factorisation of kda-math.md 3.4 on
-// tensor cores, T is inverted block by block, and U, W are tensor-core products (common/mma.cuh).
+// sub-chunks (one tensor-core row tile): the 16 x 16 blocks of P and A use the reference-row
+// factorisation of kda-math.md 3.4 on tensor cores, T is inverted block by block, and U, W are
+// tensor-core products (common/mma.cuh).
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -95,7 +95,7 @@ __device__ __forceinline__ float4 load4_as_float(const In* p) {
   }
 }
 
-// Row r and column i of the idx-th pair (i < r) of a 16 x 16 strictly lower triangle, row by row.
+// Row r and column i of the idx-th pair (i < r) of a strictly lower triangle, row by row.
 __device__ __forceinline__ int2 strict_pair(int idx) {
   int r = static_cast<int>((sqrtf(8.f * idx + 1.f) + 1.f) * 0.5f);
   if (r * (r - 1) / 2 > idx) --r;
@@ -222,67 +222,76 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];
   }
 
-  // P (staged in T) and A: diagonal blocks, P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r,
-  // A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i) for i < r (exponents <= 0 for non-positive gates).
-  // One thread per pair i < r; the diagonal (P only, no exponential) goes to the threads left over,
-  // several each (512 threads take a 64-row chunk in one round, 256 in two).
-  constexpr int kStrict = kSub * (kSub - 1) / 2;
-  const int strict = live * kStrict;
-  for (int x = tid; x < strict; x += nthreads) {
-    const int2 pair = strict_pair(x % kStrict);
-    const int r = x / kStrict * kSub + pair.x, i = x / kStrict * kSub + pair.y;
-    if (r >= l) continue;
-    float qk = 0.f, kk = 0.f;
-    for (int d = 0; d < Kp; d += 4) {
-      const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
-      const float4 qr = q4(r, d), kr = k4(r, d), ki = k4(i, d);
-      const float4 e = map4([](float a, float b, float x) { return exp2_fast(a - b) * x; }, gr, gi, ki);
-      qk += dot4(qr, e);
-      kk += dot4(kr, e);
+  // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal
+  // blocks first): P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i
+  // exp(g_r - g_i) for i < r, on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i)) at a
+  // reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1. On
+  // the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor cores
+  // while every exponent is at most kReach in magnitude (always under safe_gate's per-step bound),
+  // else the warp evaluates it pair by pair in fp32.
+  constexpr float kReach = 64.f;
+  const int gq = lane / 4, t = lane % 4;
+  for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
+    const bool diagonal = task < live;
+    int R = task, J = task;
+    if (!diagonal) {
+      const int below = task - live;
+      for (R = 1; (R + 1) * R / 2 <= below; ++R) {}
+      J = below - R * (R - 1) / 2;
     }
-    T[r * ldc + i] = p.scale * qk;
-    A[r * ldc + i] = beta[r] * kk;
-  }
-  const int spare = strict < nthreads ? strict : 0;  // threads past the pairs take the diagonal
-  for (int r = tid - spare; r >= 0 && r < l; r += nthreads - spare) {
-    float qk = 0.f;
-    for (int d = 0; d < Kp; d += 4) {
-      qk += dot4(q4(r, d), k4(r, d));
-    }
-    T[r * ldc + r] = p.scale * qk;
-  }
-  // Blocks below the diagonal: sub-chunk R (rows from R0) against key rows i < R0, factored at the
-  // reference row R0: (q_r exp(g_r - g_R0)) . (k_i exp(g_R0 - g_i)), both factors <= 1. Warp tasks
-  // are (R, 16-column tile), R(R - 1) / 2 of them before sub-chunk R, taken from the last warp down
-  // (the first warps carry the pairs above).
-  for (int task = kWarps - 1 - warp; task < live * (live - 1) / 2; task += kWarps) {
-    int R = 1;
-    while ((R + 1) * R / 2 <= task) ++R;
-    const int R0 = R * kSub, c0 = (task - R * (R - 1) / 2) * kSub;
-    const int gq = lane / 4, t = lane % 4;
-    const float* g_ref = g + R0 * ldg;
+    const int R0 = R * kSub, c0 = J * kSub;
+    const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
     float acc_p[2][4] = {}, acc_a[2][4] = {};
+    float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
     for (int k0 = 0; k0 < Kp; k0 += 8) {
       FragA fq, fk;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
-        const float e = r < l ? exp2_fast(g[r * ldg + d] - g_ref[d]) : 0.f;
+        const float x = g[r * ldg + d] - g_ref[d];
+        if (diagonal && r < l) reach = fmaxf(reach, fabsf(x));
+        const float e = r < l ? exp2_fast(x) : 0.f;
         fq.x[j] = split_tf32<kP>(q_at(r, d) * e);
         fk.x[j] = split_tf32<kP>(k_at(r, d) * e);
       }
-      const int d0 = k0 + t, d1 = k0 + t + 4;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const int i = c0 + 8 * n + gq;
-        const SplitTf32 b0 = split_tf32<kP>(k_at(i, d0) * exp2_fast(g_ref[d0] - g[i * ldg + d0]));
-        const SplitTf32 b1 = split_tf32<kP>(k_at(i, d1) * exp2_fast(g_ref[d1] - g[i * ldg + d1]));
-        mma_split<kP>(acc_p[n], fq, b0, b1);
-        mma_split<kP>(acc_a[n], fk, b0, b1);
+        SplitTf32 b[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = k0 + t + 4 * h;
+          const float x = g_ref[d] - g[i * ldg + d];
+          if (diagonal && i < l) reach = fmaxf(reach, fabsf(x));
+          b[h] = split_tf32<kP>(i < l ? k_at(i, d) * exp2_fast(x) : 0.f);
+        }
+        mma_split<kP>(acc_p[n], fq, b[0], b[1]);
+        mma_split<kP>(acc_a[n], fk, b[0], b[1]);
       }
     }
-    for_each_acc(acc_p, [&](int r, int i, float x) { T[(R0 + r) * ldc + c0 + i] = p.scale * x; });
-    for_each_acc(acc_a, [&](int r, int i, float x) { A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x; });
+    if (diagonal && __any_sync(0xffffffffu, reach > kReach)) {
+      for (int x = lane; x < kSub * (kSub + 1) / 2; x += 32) {
+        const int2 pair = strict_pair(x);  // (r + 1, i) with i <= r
+        const int r = R0 + pair.x - 1, i = R0 + pair.y;
+        if (r >= l) continue;
+        float qk = 0.f, kk = 0.f;  // (q_r, k_r) . (k_i exp(g_r - g_i))
+        for (int d = 0; d < Kp; d += 4) {
+          const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
+          const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, k4(i, d));
+          qk += dot4(q4(r, d), e);
+          kk += dot4(k4(r, d), e);
+        }
+        T[r * ldc + i] = p.scale * qk;
+        if (i < r) A[r * ldc + i] = beta[r] * kk;
+      }
+      continue;
+    }
+    for_each_acc(acc_p, [&](int r, int i, float x) {
+      if (!diagonal || i <= r) T[(R0 + r) * ldc + c0 + i] = p.scale * x;
+    });
+    for_each_acc(acc_a, [&](int r, int i, float x) {
+      if (!diagonal || i < r) A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x;
+    });
   }
   __syncthreads();
   store_rows(p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
