@@ -38,6 +38,21 @@ __device__ __forceinline__ SplitTf32 split_tf32(float x) {
   else return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
+// x as an operand that TF32 holds exactly (stored rounded, common/mma_pairs.cuh, or a 16-bit input):
+// kTf32 passes its bits, kSplit3 splits it.
+template <Products kP>
+__device__ __forceinline__ SplitTf32 stored_operand(float x) {
+  if constexpr (kP == Products::kTf32) return {__float_as_uint(x), 0u};
+  else return split_tf32<kP>(x);
+}
+
+// An operand element: split or rounded (split_tf32), or, kExact, one TF32 holds (stored_operand).
+template <Products kP, bool kExact>
+__device__ __forceinline__ SplitTf32 operand(float x) {
+  if constexpr (kExact) return stored_operand<kP>(x);
+  else return split_tf32<kP>(x);
+}
+
 __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -52,11 +67,11 @@ struct FragA {
   SplitTf32 x[4];
 };
 
-template <Products kP, typename LoadA>
+template <Products kP, bool kExact = false, typename LoadA>
 __device__ __forceinline__ FragA load_frag_a(LoadA a, int k) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  return {{split_tf32<kP>(a(g, k + t)), split_tf32<kP>(a(g + 8, k + t)), split_tf32<kP>(a(g, k + t + 4)),
-           split_tf32<kP>(a(g + 8, k + t + 4))}};
+  return {{operand<kP, kExact>(a(g, k + t)), operand<kP, kExact>(a(g + 8, k + t)),
+           operand<kP, kExact>(a(g, k + t + 4)), operand<kP, kExact>(a(g + 8, k + t + 4))}};
 }
 
 // The B fragment of one k-step and one 8-column tile, split.
@@ -106,12 +121,12 @@ __device__ __forceinline__ void mma_steps(float (&acc)[N][4], int k_begin, int k
 
 // acc[n] += A[16, k_begin:k_end] B[k_begin:k_end, 8N] for one warp, over k-steps of 8 (the range
 // a multiple of 8 long). a(row, k) and b(k, col) return fp32 elements, rows and columns in tile
-// coordinates, k absolute.
-template <Products kP, int N, typename LoadA, typename LoadB>
+// coordinates, k absolute; kExact: elements TF32 holds exactly (stored_operand).
+template <Products kP, int N, bool kExact = false, typename LoadA, typename LoadB>
 __device__ __forceinline__ void warp_mma(float (&acc)[N][4], int k_begin, int k_end, LoadA a, LoadB b) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  mma_steps<kP>(acc, k_begin, k_end, [&](int k) { return load_frag_a<kP>(a, k); }, [&](int k, int n) {
-    return FragB{split_tf32<kP>(b(k + t, 8 * n + g)), split_tf32<kP>(b(k + t + 4, 8 * n + g))};
+  mma_steps<kP>(acc, k_begin, k_end, [&](int k) { return load_frag_a<kP, kExact>(a, k); }, [&](int k, int n) {
+    return FragB{operand<kP, kExact>(b(k + t, 8 * n + g)), operand<kP, kExact>(b(k + t + 4, 8 * n + g))};
   });
 }
 

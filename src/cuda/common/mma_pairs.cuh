@@ -39,12 +39,6 @@ __device__ __forceinline__ float as_operand(float x) {
   return kP == Products::kTf32 ? __uint_as_float(round_tf32(x)) : x;
 }
 
-template <Products kP>
-__device__ __forceinline__ SplitTf32 stored_operand(float x) {
-  if constexpr (kP == Products::kTf32) return {__float_as_uint(x), 0u};
-  else return split_tf32<kP>(x);
-}
-
 // Stores x, elements (row, col) and (row, col + 1) of a tile, transposed into t [.., ld] as operands:
 // t[col][row] and t[col + 1][row].
 template <Products kP>

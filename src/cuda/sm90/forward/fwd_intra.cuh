@@ -326,22 +326,25 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   if (p.ws.T != nullptr) {
     store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   }
-  // U = T diag(beta) V, then W = T (beta K_up): warp tasks are (row tile, 32 columns); row tile R
-  // reads T's columns below 16 (R + 1) only (T is lower triangular). beta scales T's columns for U;
-  // W's operand beta_i k_hat[i, e] exp(gamma[i, e]) is formed as its fragments are read.
-  // W, K_down and Q_up are stored as operands of the state passes' products (Operand<kP>).
+  __syncthreads();
+  // T diag(beta) in place, stored as an operand: U = (T diag(beta)) V, then W = (T diag(beta)) K_up.
+  for_each_cell<4>(C, C / 4, 0, ldc, [&](int, int i, int64_t, int s) {
+    store4(T + s, map4([](float x, float b) { return as_operand<kP>(x * b); }, load4(T + s), load4(beta + i)));
+  });
+  // Warp tasks are (row tile, 32 columns); row tile R reads T's columns below 16 (R + 1) only (T is
+  // lower triangular). W, K_down and Q_up are stored as operands of the state passes' products
+  // (Operand<kP>).
   using Op = Operand<kP>;
   constexpr DType kOpDType = sizeof(Op) == 2 ? DType::kBF16 : DType::kF32;
-  auto product = [&](int width, void* out, bool beta_columns, auto b) {
-    const DType dtype = beta_columns ? DType::kF32 : kOpDType;  // U, or W
+  auto product = [&](int width, void* out, DType dtype, auto b) {
     const int groups = ceil_div(width, 32);
     const bool paired = pairs_aligned(out, dtype, width);
     for (int task = warp; task < live * groups; task += kWarps) {
       const int R0 = task / groups * kSub, c0 = task % groups * 32;
       float acc[4][4] = {};
-      warp_mma<kP, 4>(acc, 0, R0 + kSub,
-                      [&](int r, int i) { return T[(R0 + r) * ldc + i] * (beta_columns ? beta[i] : 1.f); },
-                      [&](int i, int e) { return c0 + e < width ? b(i, c0 + e) : 0.f; });
+      // Operands TF32 holds exactly: T and K_up stored rounded, v of 16 bits (kTf32 takes bfloat16).
+      warp_mma<kP, 4, Config::kNarrow>(acc, 0, R0 + kSub, [&](int r, int i) { return T[(R0 + r) * ldc + i]; },
+                                       [&](int i, int e) { return c0 + e < width ? b(i, c0 + e) : 0.f; });
       for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
         if (R0 + r < l && c0 + e < width) {
           store_pair(out, dtype, row_at(R0 + r) * width + c0 + e, pair, c0 + e + 1 < width, paired);
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   };
   cp_async_wait<0>();
   __syncthreads();
-  product(V, p.ws.U, true, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
+  product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
   const float* g_last = g + (l - 1) * ldg;
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
@@ -363,7 +366,13 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
                              load4(g_last + d), gr);
     store_first(k_down + at, down, K - d, vector);
   });
-  product(K, p.ws.W, false, [&](int i, int e) { return beta[i] * k_at(i, e) * exp2_fast(g[i * ldg + e]); });
+  __syncthreads();
+  // K_up = k_hat exp(gamma) in place of gamma (read above), stored as an operand.
+  for_each_cell<4>(C, Kp / 4, 0, ldg, [&](int r, int d, int64_t, int s) {
+    store4(g + s, map4([](float kx, float x) { return as_operand<kP>(kx * exp2_fast(x)); }, k4(r, d), load4(g + s)));
+  });
+  __syncthreads();
+  product(K, p.ws.W, kOpDType, [&](int i, int e) { return g[i * ldg + e]; });
 }
 
 }  // namespace fkt::cuda
