@@ -1,5 +1,6 @@
 // B4 on CUDA, one block per (chunk, value head): the gradients through P = s M_qk and
-// A = diag(beta) M_kk (kda-math.md section 4.4), added in place to B3's dq, dk, dgamma and dbeta.
+// A = diag(beta) M_kk (kda-math.md section 4.4), added in place to B3's dq, dk, dgamma and dbeta
+// (dq and dk stored as the final gradients when nothing is left for bwd_prepare: qk_in_intra).
 // Rows sum over their columns (dq_rows, dk_rows), columns over their rows (dk_cols); dgamma gets +
 // on the row side and - on the column side of every exp(gamma_r - gamma_i).
 // Each warp owns a 16-row sub-chunk x 32 columns of K. The terms between sub-chunks are
@@ -8,6 +9,7 @@
 // terms inside the sub-chunk keep the pairwise exponentials.
 #pragma once
 
+#include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/round_up.hpp"
@@ -185,9 +187,15 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
         if (lane == 0) part[c0 / kCols * C + R0 + r] = kdk;
         if (r >= rows || d >= K) continue;
         const int64_t at = first + r * stride_k;
-        const float dk_rows_r = dkr[r] * beta[R0 + r];
-        p.ws.dq[at] = old[b].x + dq[r];
-        p.ws.dk[at] = old[b].y + (dk_rows_r + dkc[r]);
+        const float dk_rows_r = dkr[r] * beta[R0 + r], dq_total = old[b].x + dq[r];
+        const float dk_total = old[b].y + (dk_rows_r + dkc[r]);
+        if (p.qk_in_intra) {  // (token, value head) rows are (token, query/key head) rows
+          if (p.dq != nullptr) store_float(p.dq, f.qk_dtype, at, dq_total);
+          if (p.dk != nullptr) store_float(p.dk, f.qk_dtype, at, dk_total);
+        } else {
+          p.ws.dq[at] = dq_total;
+          p.ws.dk[at] = dk_total;
+        }
         p.ws.dgamma[at] = old[b].z + (q[(R0 + r) * ldk + d] * dq[r] + kc[r] * (dk_rows_r - dkc[r]));
       }
     }

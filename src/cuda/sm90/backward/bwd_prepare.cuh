@@ -1,6 +1,7 @@
 // B5 and the q/k half of B8 on CUDA, one warp per (token row, query/key head) (kda-math.md sections
 // 4.5 and 4.8): sum the per-value-head dq, dk over the head's GVA group in a fixed order, then chain
 // through the l2norm, dx = r (dx_hat - (dx_hat . x_hat) x_hat). The twin of src/cpu/bwd_prepare.cpp.
+// Launched when either has work (a GVA group or the l2norm); otherwise bwd_intra writes dq and dk.
 #pragma once
 
 #include "cuda/common/convert.cuh"

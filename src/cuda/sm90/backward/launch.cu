@@ -35,6 +35,7 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   params.dt_bias_dtype = p.dt_bias.dtype;
   params.gate = p.gate;
   params.lower_bound = static_cast<float>(p.lower_bound);
+  params.qk_in_intra = p.HV == p.H && !p.l2norm;
   params.dq = data_or_null(io.dq, "dq");
   params.dk = data_or_null(io.dk, "dk");
   params.dv = data_or_null(io.dv, "dv");
@@ -93,9 +94,11 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
     launch(bwd_intra_kernel<kP>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
   });
   launch(bwd_gate_kernel, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V), s, params);
-  const int64_t qk_rows = p.B * p.T * p.H;
-  launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,
-         BwdPrepareConfig::smem_bytes(C, K, V), s, params);
+  if (!params.qk_in_intra) {
+    const int64_t qk_rows = p.B * p.T * p.H;
+    launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,
+           BwdPrepareConfig::smem_bytes(C, K, V), s, params);
+  }
   if (p.gate != GateMode::kPrecomputed && (io.dA_log || io.ddt_bias)) {
     launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
            BwdParamsConfig::smem_bytes(C, K, V), s, params);

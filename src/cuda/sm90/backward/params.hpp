@@ -54,6 +54,9 @@ struct BackwardParams {
   const void* dt_bias;         // [HV * K]
   GateMode gate;
   float lower_bound;
+  // B4 writes dq and dk themselves: one value head per query/key head and no l2norm chain leave
+  // nothing for B5 / B8's q, k half (bwd_prepare, then not launched).
+  bool qk_in_intra;
   // Outputs; each may be nullptr (not requested). Dtypes are those of the matching input.
   void* dq;                    // [B, T, H, K]
   void* dk;                    // [B, T, H, K]
