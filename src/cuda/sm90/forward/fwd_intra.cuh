@@ -233,13 +233,8 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int gq = lane / 4, t = lane % 4;
   for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
     const bool diagonal = task < live;
-    int R = task, J = task;
-    if (!diagonal) {
-      const int below = task - live;
-      for (R = 1; (R + 1) * R / 2 <= below; ++R) {}
-      J = below - R * (R - 1) / 2;
-    }
-    const int R0 = R * kSub, c0 = J * kSub;
+    const int2 block = diagonal ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
+    const int R0 = block.x * kSub, c0 = block.y * kSub;
     const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
     float acc_p[2][4] = {}, acc_a[2][4] = {};
     float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
