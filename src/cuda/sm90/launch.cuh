@@ -41,6 +41,14 @@ void with_products(Products products, F f) {
   else f(std::integral_constant<Products, Products::kSplit3>{});
 }
 
+// Asks for the largest shared-memory carveout, under which the kernel's blocks that fit by shared
+// memory (two of fwd_intra, two or three of fwd_state, two of bwd_state) share an SM.
+template <typename Kernel>
+void prefer_max_shared(Kernel kernel) {
+  FKT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
 // How fwd_intra keeps q, k and v in shared memory (IntraConfig): in their dtype when all three
 // are bfloat16 or all float16, else as fp32. Calls f(element) with a value of that type.
 template <typename F>
@@ -89,6 +97,34 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
 // * tiles + tile (StateConfig::tiles).
 inline dim3 state_pass_grid(const Problem& p) {
   return dim3(static_cast<unsigned>(p.N * StateConfig::tiles(static_cast<int>(p.V))), static_cast<unsigned>(p.HV));
+}
+
+// The state passes' residency (Residency in forward/state_config.hpp), the one place where it becomes
+// their kernels' template argument: calls f(Residency<threads, blocks per SM>{}). A grid that the
+// SMs hold one block each runs blocks of 16 warps (two per 16 state rows: more products in flight);
+// a larger one blocks of 8 warps, two per SM, or, for fwd_state with bf16 operands (72 KB of shared
+// memory) and more blocks than two per SM hold, three (at most 85 registers a thread). bwd_state
+// with fp32 operands (kSplit3, 140 KB) runs one block of 16 warps per SM whatever the grid.
+enum class StatePass { kForward, kBackward };
+
+template <StatePass kPass, Products kP, typename F>
+void with_state_residency(const Problem& p, F f) {
+  constexpr int kNarrow = StateConfig::kThreads, kWide = 2 * StateConfig::kThreads;
+  constexpr bool kBf16 = kP == Products::kTf32;
+  int sms = 0;
+  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.device_id));
+  const dim3 grid = state_pass_grid(p);
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
+  if (blocks <= sms) return f(Residency<kWide, 1>{});
+  if constexpr (kPass == StatePass::kBackward) {
+    if constexpr (kBf16) f(Residency<kNarrow, 2>{});
+    else f(Residency<kWide, 1>{});
+  } else {
+    if constexpr (kBf16) {
+      if (blocks > 2 * static_cast<int64_t>(sms)) return f(Residency<kNarrow, 3>{});
+    }
+    f(Residency<kNarrow, 2>{});
+  }
 }
 
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened

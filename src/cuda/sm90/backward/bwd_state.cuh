@@ -2,7 +2,7 @@
 // dS is the gradient of the state leaving the chunk: it is stored, d_delta += K_down dS, and
 // dS <- diag(exp(gamma_L)) dS + s Q_up^T dO - W^T d_delta. dS stays fp32 in registers (warp w
 // holds rows 16 (w % 8) .. + 15, interleaved as the accumulator of Q_up^T dO, and 16 of the
-// tile's columns), mirrored transposed to shared memory as the B operand of K_down dS; d_delta
+// tile's columns, or all 32 in a block of 8 warps: StateConfig), mirrored transposed to shared memory as the B operand of K_down dS; d_delta
 // goes there transposed too, so that the operands are read in pairs (common/mma_pairs.cuh). The
 // products run on tensor cores and the previous chunk's operands are copied in meanwhile, as in
 // fwd_state.
@@ -24,10 +24,10 @@ namespace fkt::cuda {
 // [dO | 0] and intra d_delta [P^T dO | 0] (B1 run on zero new values), writing only the widened
 // gradient entering the sequence, to summary [HV, K, V + K]. Columns evolve independently: column
 // V + d starts at the unit vector e_d and reads no dO and no intra d_delta.
-template <bool kSummary, Products kP>
+template <bool kSummary, Products kP, int kThreads>
 __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, int tile, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
-  constexpr int kThreads = StateConfig::kBwdThreads, kCols = StateConfig::kBwdWarpCols;
+  constexpr int kCols = StateConfig::warp_cols(kThreads);
   constexpr int kPrefetch = 64 * kTile / kThreads;  // dO elements a thread carries (C <= 64)
   const ForwardParams& f = p.fwd;
   const int head = blockIdx.y, e0 = tile * kTile;
@@ -167,17 +167,18 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   }
 }
 
-template <Products kP>
-__global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
-    bwd_state_kernel(const __grid_constant__ BackwardParams p) {
+// 99 KB of shared memory for C = 64, K = 128 and bf16 operands: up to two blocks per SM (R:
+// with_state_residency).
+template <Products kP, typename R>
+__global__ void __launch_bounds__(R::threads, R::blocks_per_sm) bwd_state_kernel(const __grid_constant__ BackwardParams p) {
   const int tiles = StateConfig::tiles(p.fwd.V);
-  bwd_state_pass<false, kP>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
+  bwd_state_pass<false, kP, R::threads>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence.
-__global__ void __launch_bounds__(StateConfig::kBwdThreads, 1)
+__global__ void __launch_bounds__(2 * StateConfig::kThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
-  bwd_state_pass<true, kSummaryProducts>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
+  bwd_state_pass<true, kSummaryProducts, 2 * StateConfig::kThreads>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -1,7 +1,7 @@
 // F4 on CUDA, one block per (sequence, value head, V-tile), walking the chunks in order:
 // h_j = S (stored), delta = U - W S, S <- diag(exp(gamma_L)) S + K_down^T delta. S stays fp32 in
-// registers (warp w holds rows 16w .. 16w + 15, interleaved as the accumulator of K_down^T delta),
-// mirrored transposed to shared memory as the B operand of W S; delta goes to shared memory
+// registers (warp w holds rows 16 (w % 8) .. + 15, interleaved as the accumulator of K_down^T
+// delta, and the tile's 32 columns, or 16 of them in a block of 16 warps: StateConfig), mirrored transposed to shared memory as the B operand of W S; delta goes to shared memory
 // transposed too, so that every operand is read in pairs (common/mma_pairs.cuh). The next chunk's
 // W, U are copied in while the state is updated, and its K_down while delta is computed (cp.async).
 #pragma once
@@ -20,9 +20,9 @@ namespace fkt::cuda {
 // the same pass on the widened state [S | M] of V + K columns from [0 | I] with new values [U | 0],
 // writing only the final widened state, to summary [HV, K, V + K]. Columns evolve independently,
 // so the tile math is unchanged: column V + d starts at the unit vector e_d and reads no new values.
-template <bool kSummary, Products kP>
+template <bool kSummary, Products kP, int kThreads>
 __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n, int tile, float* summary) {
-  constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
+  constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile, kCols = StateConfig::warp_cols(kThreads);
   const int head = blockIdx.y, e0 = tile * kTile;
   const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
@@ -39,7 +39,8 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   float* S_t = smem + L.s;
   float* delta_t = smem + L.delta;
   float* g_last = smem + L.g_last;
-  const int warp = threadIdx.x / 32, row0 = warp * 16;
+  const int warp = threadIdx.x / 32, row0 = warp % StateConfig::kWarps * 16;
+  const int col0 = warp / StateConfig::kWarps * kCols;  // the warp's first column of S
   const bool owner = row0 < Kp;
   const int64_t chunks = ceil_div(seq.length, C), stride_k = static_cast<int64_t>(p.HV) * K;
   const int64_t stride_v = static_cast<int64_t>(p.HV) * V;
@@ -59,9 +60,9 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     cp_async_commit();
   };
 
-  float s[kTile / 8][4];  // interleaved rows: acc_row<true>
-  transform_acc<true>(s, [&](int r, int e, float) {
-    const int d = row0 + r;
+  float s[kCols / 8][4];  // interleaved rows: acc_row<true>
+  transform_acc<true>(s, [&](int r, int col, float) {
+    const int d = row0 + r, e = col0 + col;
     if constexpr (kSummary) return owner && d < K && e < width && e0 + e == V + d ? 1.f : 0.f;
     else return p.initial_state != nullptr && owner && d < K && e < width
                     ? p.initial_state[state_index(p, n, head, d, e0 + e)]
@@ -80,8 +81,8 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       // h_j: the mirror (every reader of it waited at the previous chunk's barriers) and the stores;
       // intermediate_states is [B, NT, HV, ...] with (b, j) flattening to the chunk row, as the states.
       const int64_t base = (chunk_row * p.HV + head) * static_cast<int64_t>(K) * V;
-      for_each_acc_pair<true>(s, [&](int r, int e, float2 x) {
-        const int d = row0 + r;
+      for_each_acc_pair<true>(s, [&](int r, int col, float2 x) {
+        const int d = row0 + r, e = col0 + col;
         store_transposed_pair<kP>(S_t, ldk, d, e, x);
         if (kSummary || d >= K || e >= width) return;
         store_pair(p.ws.states, DType::kF32, base + static_cast<int64_t>(d) * V + e0 + e, x, e + 1 < width,
@@ -121,36 +122,38 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       transform_acc<true>(s, [&](int r, int, float x) { return expf(g_last[row0 + r]) * x; });
       mma_steps<kP>(
           s, 0, C, [&](int k) { return frag_a_m_rows<kP>(kd + row0, ldm, k); },
-          [&](int k, int n) { return frag_b_k_rows<kP>(delta_t + 8 * n * ldd, ldd, k); });
+          [&](int k, int n) { return frag_b_k_rows<kP>(delta_t + (col0 + 8 * n) * ldd, ldd, k); });
     }
     __syncthreads();  // K_down, gamma_L and delta^T are consumed
     if (j + 1 < chunks) issue_update(j + 1);
   }
   if constexpr (kSummary) {
     if (!owner) return;
-    for_each_acc<true>(s, [&](int r, int e, float x) {
+    for_each_acc<true>(s, [&](int r, int col, float x) {
+      const int e = col0 + col;
       if (row0 + r < K && e < width) summary[(static_cast<int64_t>(head) * K + row0 + r) * columns + e0 + e] = x;
     });
   } else if (p.final_state != nullptr && owner) {
-    for_each_acc<true>(s, [&](int r, int e, float x) {
+    for_each_acc<true>(s, [&](int r, int col, float x) {
+      const int e = col0 + col;
       if (row0 + r < K && e < width) p.final_state[state_index(p, n, head, row0 + r, e0 + e)] = x;
     });
   }
 }
 
-// Two blocks per SM (106 KB of shared memory each for C = 64, K = 128 and fp32 operands, 72 KB with
-// bf16 ones; at most 128 registers).
-template <Products kP>
-__global__ void __launch_bounds__(StateConfig::kThreads, 2) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
+// 106 KB of shared memory for C = 64, K = 128 and fp32 operands, 72 KB with bf16 ones: up to two
+// blocks per SM, three with bf16 operands (R: with_state_residency).
+template <Products kP, typename R>
+__global__ void __launch_bounds__(R::threads, R::blocks_per_sm) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
   const int tiles = StateConfig::tiles(p.V);
-  fwd_state_pass<false, kP>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
+  fwd_state_pass<false, kP, R::threads>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence: few blocks, so no
 // register cap for two blocks per SM.
 __global__ void __launch_bounds__(StateConfig::kThreads)
     cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
-  fwd_state_pass<true, kSummaryProducts>(p.fwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
+  fwd_state_pass<true, kSummaryProducts, StateConfig::kThreads>(p.fwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -72,9 +72,7 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
         return;  // a pair that never occurs: not instantiated
       } else {
         const auto kernel = fwd_intra_kernel<decltype(kp)::value, In>;
-        // Two blocks of about 105 KB share an SM only under the largest shared-memory carveout.
-        FKT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            cudaSharedmemCarveoutMaxShared));
+        prefer_max_shared(kernel);  // two blocks of about 105 KB
         launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
                IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
       }
@@ -91,8 +89,12 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     constexpr int kOperandBytes = sizeof(Operand<kP>);
-    launch(fwd_state_kernel<kP>, state_pass_grid(p), StateConfig::kThreads,
-           FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
+    with_state_residency<StatePass::kForward, kP>(p, [&](auto residency) {
+      using R = decltype(residency);
+      const auto kernel = fwd_state_kernel<kP, R>;
+      if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+      launch(kernel, state_pass_grid(p), R::threads, FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
+    });
     if (params.o == nullptr) return;
     launch(fwd_output_kernel<kP>, dim3(chunks, heads, ceil_div(p.V, OutputConfig::kTileV)),
            OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K, kOperandBytes), s, params);

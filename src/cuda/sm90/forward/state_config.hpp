@@ -7,20 +7,26 @@
 
 namespace fkt::cuda {
 
+// What a state pass's kernel is compiled for: threads per block and blocks per SM (a register cap).
+// Chosen per call by with_state_residency (sm90/launch.cuh) from the grid's size against the SMs.
+template <int kThreadsPerBlock, int kBlocksPerSm>
+struct Residency {
+  static constexpr int threads = kThreadsPerBlock, blocks_per_sm = kBlocksPerSm;
+};
+
 struct StateConfig {
-  static constexpr int kThreads = 256;  // fwd_state: warp w holds all kTileV columns of its 16 rows
+  static constexpr int kThreads = 256;  // a block of one warp per 16 state rows, all kTileV columns
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;          // state columns per block
   static constexpr int kLdTile = kTileV + 8;  // [*, kTileV] buffers read at accumulator pairs (row g, column 2t)
   // Blocks of a pass: (sequence, value head, V-tile), the V-tiles of one head adjacent in x so that
   // they run together and share the chunk's W, K_down (or K_down, Q_up, W) through L2.
   __host__ __device__ static int tiles(int V) { return ceil_div(V, kTileV); }
-  // bwd_state: its shared memory admits one block per SM, so it runs two warps per 16 rows (16
-  // columns each) to keep twice as many products in flight.
-  static constexpr int kBwdThreads = 512;
-  static constexpr int kBwdWarpCols = kTileV / (kBwdThreads / kThreads);
-  // K rounded up to 16: row group w (a warp of fwd_state, two of bwd_state) holds state rows
-  // 16w .. 16w + 15 (K <= 128 = 8 groups x 16).
+  // Columns of the tile a warp holds in a block of `threads`: all kTileV with one warp per 16 state
+  // rows (kThreads), 16 with two (2 x kThreads, more products in flight for a grid of few blocks).
+  __host__ __device__ static constexpr int warp_cols(int threads) { return kTileV * kThreads / threads; }
+  // K rounded up to 16: row group w (one or two warps) holds state rows 16w .. 16w + 15 (K <= 128 =
+  // 8 groups x 16).
   __host__ __device__ static int padded(int K) { return round_up<16>(K); }
   // Row strides of shared-memory operands of `extent` columns read in pairs (common/mma_pairs.cuh):
   // 8 (mod 32) with k along the rows, 4 (mod 32) with m or n along them; conflict-free reads.
