@@ -29,7 +29,7 @@ struct WyInterConfig {
 // (row g, column t) free of bank conflicts, T's stride 8 (mod 32) its transposed reads.
 struct WyInterLayout {
   int ldb, lds, ldt, ldv;
-  int b0, b1, b2, region, carry, part, rows_part, floats;
+  int b0, b1, b2, region, carry, part, rows_part, dots, floats;
   // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds].
   int s, ds, tile_do, tile_delta, tile_dd;
   // Later in the region: T [C, ldt], d_delta and v [C, ldv].
@@ -57,14 +57,15 @@ struct WyInterLayout {
     carry = phase1_end > later_end ? phase1_end : later_end;  // [K]
     part = carry + K;                                          // [Vp / 32, C] dbeta parts of Y_u . v
     rows_part = part + ceil_div(Vp, WyInterConfig::kCols) * C;  // [kRowGroups, K]
-    floats = rows_part + WyInterConfig::kRowGroups * K;
+    dots = rows_part + WyInterConfig::kRowGroups * K;           // [C, Kp / 4 + 1] Y_w . K_up by 4-column cells
+    floats = dots + C * (Kp / 4 + 1);
   }
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
 
 template <Products kP>
 __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
-  constexpr int kTile = WyInterConfig::kTileV, kWarps = WyInterConfig::kWarps;
+  constexpr int kTile = WyInterConfig::kTileV;
   const ForwardParams& f = p.fwd;
   const int64_t chunk = blockIdx.x;
   const ChunkSpan c = chunk_span(f, chunk);
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   float* carry = smem + L.carry;  // [K] sum_e S[d, e] dS[d, e]
   float* part = smem + L.part;
   float* rows_part = smem + L.rows_part;
+  float* dots = smem + L.dots;
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
@@ -227,21 +229,8 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   }
   __syncthreads();
 
-  // dbeta = Y_u . v + Y_w . K_up (one warp per row, fixed order); the last row's dgamma gets the
-  // gamma_L terms.
-  for (int i = warp; i < l; i += kWarps) {
-    const int64_t row = row_at(i);
-    float db = 0.f;
-    for (int d = lane; d < K; d += 32) db += B0[i * ldb + d] * f.ws.k_hat[row * K + d] * expf(gamma[row * K + d]);
-    for (int offset = 16; offset > 0; offset /= 2) db += __shfl_xor_sync(0xffffffffu, db, offset);
-    if (lane == 0) {
-      float yu_v = 0.f;
-      for (int group = 0; group < (Vp + kCols - 1) / kCols; ++group) yu_v += part[group * C + i];
-      p.ws.dbeta[row] = yu_v + db;
-    }
-  }
-  // sum_r k_hat[r, d] dk_inter[r, d] of the gamma_L terms, rows split over kRowGroups thread groups
-  // (loads in flight together), the groups summed in a fixed order below.
+  // The last row's dgamma gets the gamma_L terms: sum_r k_hat[r, d] dk_inter[r, d], rows split over
+  // kRowGroups thread groups (loads in flight together), the groups summed in a fixed order below.
   constexpr int kRowGroups = WyInterConfig::kRowGroups;
   for (int x = tid; x < kRowGroups * K; x += nthreads) {
     const int d = x % K, group = x / K;
@@ -257,7 +246,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   }
   __syncthreads();
   // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w, then B1 = K_up (zero padded): each
-  // element read and rewritten by one thread.
+  // element read and rewritten by one thread; each cell's part of Y_w . K_up (dbeta) to dots.
   batched<2>(
       C * cells,
       [&](int x) {  // gamma, beta (in b.x), k_hat, dgamma so far
@@ -270,6 +259,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
         const float beta = v.b.x;
         const float4 up = map4([](float g) { return expf(g); }, v.a), yw = load4(B0 + at);
+        const float4 k_up = map4([](float k, float u) { return k * u; }, v.c, up);
         if (r < l) {
           const int64_t global = row_at(r) * K + d;
           store_first(p.ws.dk + global,
@@ -278,10 +268,18 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
           const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, v.c, up);
           const float4 dgamma = map4([](float dg, float bku, float y) { return dg + bku * y; }, v.d, beta_k_up, yw);
           store_first(p.ws.dgamma + global, dgamma, K - d, vector);
+          dots[r * (cells + 1) + x % cells] = dot4(k_up, yw);
         }
-        store4(B1 + at, map4([](float k, float u) { return k * u; }, v.c, up));
+        store4(B1 + at, k_up);
       });
   __syncthreads();
+  // dbeta = Y_u . v + Y_w . K_up, the parts summed in a fixed order.
+  for (int r = tid; r < l; r += nthreads) {
+    float db = 0.f;
+    for (int group = 0; group < ceil_div(Vp, kCols); ++group) db += part[group * C + r];
+    for (int cell = 0; cell < cells; ++cell) db += dots[r * (cells + 1) + cell];
+    p.ws.dbeta[row_at(r)] = db;
+  }
 
   // The [C, C] products: warp tiles of 16 rows x 16 columns.
   const bool square = warp < C / 16 * (C / 16);

@@ -1,4 +1,4 @@
-// F5 on CUDA, one block per (chunk, value head, V-tile): O = s Q_up h + tril(P) delta on tensor
+// F5 on CUDA, one block per (chunk and V-tile, value head): O = s Q_up h + tril(P) delta on tensor
 // cores (common/mma.cuh), stored in q's dtype.
 #pragma once
 
@@ -39,9 +39,10 @@ struct OutputConfig {
 template <Products kP>
 __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
-  const int64_t chunk = blockIdx.x;
+  const int tiles = ceil_div(p.V, kTile);  // the V-tiles of a chunk are adjacent: the second reads Q_up, P from L2
+  const int64_t chunk = blockIdx.x / tiles;
   const ChunkSpan c = chunk_span(p, chunk);
-  const int head = blockIdx.y, e0 = blockIdx.z * kTile;
+  const int head = blockIdx.y, e0 = static_cast<int>(blockIdx.x % tiles) * kTile;
   const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), width = min(kTile, V - e0);
   using Op = Operand<kP>;
   const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_q(K, sizeof(Op)), ldp = OutputConfig::ld_a(C);

@@ -96,7 +96,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
       launch(kernel, state_pass_grid(p), R::threads, FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
     });
     if (params.o == nullptr) return;
-    launch(fwd_output_kernel<kP>, dim3(chunks, heads, ceil_div(p.V, OutputConfig::kTileV)),
+    launch(fwd_output_kernel<kP>, dim3(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads),
            OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K, kOperandBytes), s, params);
   });
 }
