@@ -24,14 +24,17 @@
 
 #include <cuda_bf16.h>
 
+#include "core/tensor.hpp"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
 
 namespace fkt::cuda {
 
-// The element type of the stored A operands of products of precision kP.
+// The element type of the stored A operands of products of precision kP, and its DType.
 template <Products kP>
 using Operand = std::conditional_t<kP == Products::kTf32, __nv_bfloat16, float>;
+template <Products kP>
+constexpr DType kOperandDType = kP == Products::kTf32 ? DType::kBF16 : DType::kF32;
 
 // x as a stored operand: TF32-rounded for kTf32, as it is for kSplit3.
 template <Products kP>

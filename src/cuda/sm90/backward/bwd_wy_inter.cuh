@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
           const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, v.c, up);
           const float4 dgamma = map4([](float dg, float bku, float y) { return dg + bku * y; }, v.d, beta_k_up, yw);
           store_first(p.ws.dgamma + global, dgamma, K - d, vector);
-          dots[r * (cells + 1) + x % cells] = dot4(k_up, yw);
+          dots[r * (cells + 1) + d / 4] = dot4(k_up, yw);
         }
         store4(B1 + at, k_up);
       });

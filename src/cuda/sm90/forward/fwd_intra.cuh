@@ -330,7 +330,6 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // lower triangular). W, K_down and Q_up are stored as operands of the state passes' products
   // (Operand<kP>).
   using Op = Operand<kP>;
-  constexpr DType kOpDType = sizeof(Op) == 2 ? DType::kBF16 : DType::kF32;
   auto product = [&](int width, void* out, DType dtype, auto b) {
     const int groups = ceil_div(width, 32);
     const bool paired = pairs_aligned(out, dtype, width);
@@ -347,27 +346,30 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
       });
     }
   };
+  // The last row of gamma, which every K_down row reads, to the free scratch Y (at least 256 floats):
+  // the pass below then turns gamma into K_up in place.
+  float* g_last = Y;
+  for (int d = tid; d < Kp; d += nthreads) g_last[d] = g[(l - 1) * ldg + d];
   cp_async_wait<0>();
   __syncthreads();
   product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
-  const float* g_last = g + (l - 1) * ldg;
+  // Q_up = q_hat exp(gamma), K_down = k_hat exp(gamma_L - gamma), and K_up = k_hat exp(gamma) in place
+  // of gamma, stored as an operand.
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
-  for_each_cell<4>(l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
+  for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
     const float4 gr = load4(g + s), kr = k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
-    store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
-    const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
-                             load4(g_last + d), gr);
-    store_first(k_down + at, down, K - d, vector);
+    if (r < l) {
+      store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
+      const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
+                               load4(g_last + d), gr);
+      store_first(k_down + at, down, K - d, vector);
+    }
+    store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
   });
   __syncthreads();
-  // K_up = k_hat exp(gamma) in place of gamma (read above), stored as an operand.
-  for_each_cell<4>(C, Kp / 4, 0, ldg, [&](int r, int d, int64_t, int s) {
-    store4(g + s, map4([](float kx, float x) { return as_operand<kP>(kx * exp2_fast(x)); }, k4(r, d), load4(g + s)));
-  });
-  __syncthreads();
-  product(K, p.ws.W, kOpDType, [&](int i, int e) { return g[i * ldg + e]; });
+  product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) { return g[i * ldg + e]; });
 }
 
 }  // namespace fkt::cuda
