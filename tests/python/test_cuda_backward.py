@@ -152,15 +152,22 @@ def test_second_backward_through_one_forward(disable_recompute):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_state_pass_residencies_give_the_same_bits(dtype):
+# (dtype, K, V, chunk size, state_v_first): K = V = 128 fills the tiles; K = 30, V = 13 pads them,
+# with chunks of 32 and the state's (V, K) layout.
+RESIDENCY_CASES = [(torch.bfloat16, 128, 128, 64, False), (torch.float16, 128, 128, 64, False),
+                   (torch.bfloat16, 30, 13, 32, True)]
+
+
+@pytest.mark.parametrize("dtype,K,V,chunk_size,state_v_first", RESIDENCY_CASES,
+                         ids=["bf16", "fp16", "bf16-padded"])
+def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, state_v_first):
     """The state passes run blocks of 16 warps when the SMs hold the grid one block each, else blocks
     of 8 warps, two per SM, or three (fwd_state, bf16) when two per SM do not hold it either
     (with_state_residency). The same arithmetic in the same order: the first sequences of a pack
     give the same bits alone (few blocks) as in packs of more blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     heads = 4
-    per_sequence = 4 * heads  # blocks: sequences x 4 V-tiles x heads
+    per_sequence = -(-V // 32) * heads  # blocks: sequences x V-tiles of 32 x heads
     wide, narrow, dense = sms // per_sequence, 2 * sms // per_sequence, 3 * sms // per_sequence + 1
     assert sms < narrow * per_sequence <= 2 * sms < dense * per_sequence
     lengths = [1, 64, 65, 200, 37, 128] + [(53 * i) % 190 + 1 for i in range(dense - 6)]
@@ -168,8 +175,8 @@ def test_state_pass_residencies_give_the_same_bits(dtype):
     for n in lengths:
         cu.append(cu[-1] + n)
     torch.manual_seed(0)
-    x = make_inputs(B=1, T=cu[-1], H=heads, K=128, V=128, dtype=dtype, gate_in_kernel=True, cu_seqlens=cu,
-                    requires_grad=False)
+    x = make_inputs(B=1, T=cu[-1], H=heads, K=K, V=V, dtype=dtype, gate_in_kernel=True, cu_seqlens=cu,
+                    state_v_first=state_v_first, requires_grad=False)
     do = torch.randn(x["v"].shape).to(dtype).cuda()
     dht = torch.randn(x["initial_state"].shape).cuda()
 
@@ -179,7 +186,8 @@ def test_state_pass_residencies_give_the_same_bits(dtype):
         leaves["initial_state"] = x["initial_state"][:sequences].cuda().requires_grad_()
         o, ht = fkt.chunk_kda(**leaves, A_log=x["A_log"].cuda(), dt_bias=x["dt_bias"].cuda(),
                               cu_seqlens=x["cu_seqlens"][:sequences + 1].cuda(), use_gate_in_kernel=True,
-                              lower_bound=-5.0, safe_gate=True, output_final_state=True)
+                              lower_bound=-5.0, safe_gate=True, output_final_state=True, chunk_size=chunk_size,
+                              state_v_first=state_v_first)
         torch.autograd.backward([o, ht], [do[:, :t], dht[:sequences]])
         return [o.detach(), ht.detach()] + [leaves[n].grad for n in ("q", "k", "v", "g", "beta", "initial_state")]
 

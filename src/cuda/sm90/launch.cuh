@@ -103,8 +103,9 @@ inline dim3 state_pass_grid(const Problem& p) {
 // their kernels' template argument: calls f(Residency<threads, blocks per SM>{}). A grid that the
 // SMs hold one block each runs blocks of 16 warps (two per 16 state rows: more products in flight);
 // a larger one blocks of 8 warps, two per SM, or, for fwd_state with bf16 operands (72 KB of shared
-// memory) and more blocks than two per SM hold, three (at most 85 registers a thread). bwd_state
-// with fp32 operands (kSplit3, 140 KB) runs one block of 16 warps per SM whatever the grid.
+// memory) and more blocks than two per SM hold, three (80 registers a thread: 65536 / 768, allocated
+// by 8). bwd_state with fp32 operands (kSplit3, 149 KB) runs one block of 16 warps per SM whatever
+// the grid.
 enum class StatePass { kForward, kBackward };
 
 template <StatePass kPass, Products kP, typename F>

@@ -2,10 +2,10 @@
 // dS is the gradient of the state leaving the chunk: it is stored, d_delta += K_down dS, and
 // dS <- diag(exp(gamma_L)) dS + s Q_up^T dO - W^T d_delta. dS stays fp32 in registers (warp w
 // holds rows 16 (w % 8) .. + 15, interleaved as the accumulator of Q_up^T dO, and 16 of the
-// tile's columns, or all 32 in a block of 8 warps: StateConfig), mirrored transposed to shared memory as the B operand of K_down dS; d_delta
-// goes there transposed too, so that the operands are read in pairs (common/mma_pairs.cuh). The
-// products run on tensor cores and the previous chunk's operands are copied in meanwhile, as in
-// fwd_state.
+// tile's columns, or all 32 in a block of 8 warps: StateConfig), mirrored transposed to shared
+// memory as the B operand of K_down dS; d_delta goes there transposed too, so that the operands are
+// read in pairs (common/mma_pairs.cuh). The products run on tensor cores and the previous chunk's
+// operands are copied in meanwhile, as in fwd_state.
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -170,7 +170,8 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
 // 99 KB of shared memory for C = 64, K = 128 and bf16 operands: up to two blocks per SM (R:
 // with_state_residency).
 template <Products kP, typename R>
-__global__ void __launch_bounds__(R::threads, R::blocks_per_sm) bwd_state_kernel(const __grid_constant__ BackwardParams p) {
+__global__ void __launch_bounds__(R::threads, R::blocks_per_sm)
+    bwd_state_kernel(const __grid_constant__ BackwardParams p) {
   const int tiles = StateConfig::tiles(p.fwd.V);
   bwd_state_pass<false, kP, R::threads>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
@@ -178,7 +179,8 @@ __global__ void __launch_bounds__(R::threads, R::blocks_per_sm) bwd_state_kernel
 // One block per (value head, 32-column tile of V + K) of the one sequence.
 __global__ void __launch_bounds__(2 * StateConfig::kThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
-  bwd_state_pass<true, kSummaryProducts, 2 * StateConfig::kThreads>(p.bwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
+  bwd_state_pass<true, kSummaryProducts, 2 * StateConfig::kThreads>(p.bwd, p.sequence, static_cast<int>(blockIdx.z),
+                                                                     p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -19,7 +19,6 @@ namespace fkt::cuda {
 struct WyInterConfig {
   static constexpr int kThreads = 512;
   static constexpr int kCols = 32;   // columns of a warp tile
-  static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
   static constexpr int kRowGroups = 4;  // thread groups splitting the rows of the gamma_L sum
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }

@@ -346,8 +346,9 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
       });
     }
   };
-  // The last row of gamma, which every K_down row reads, to the free scratch Y (at least 256 floats):
-  // the pass below then turns gamma into K_up in place.
+  // The last row of gamma, which every K_down row reads, to the free scratch Y ((C / 16 - 1) 256
+  // floats: at least 256 >= Kp for the chunk sizes 32 and 64 and K <= 128 that Problem and
+  // check_supported admit): the pass below then turns gamma into K_up in place.
   float* g_last = Y;
   for (int d = tid; d < Kp; d += nthreads) g_last[d] = g[(l - 1) * ldg + d];
   cp_async_wait<0>();

@@ -39,7 +39,8 @@ struct OutputConfig {
 template <Products kP>
 __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
-  const int tiles = ceil_div(p.V, kTile);  // the V-tiles of a chunk are adjacent: the second reads Q_up, P from L2
+  // The V-tiles of a chunk are adjacent in the grid: when V > 64, the second reads Q_up and P from L2.
+  const int tiles = ceil_div(p.V, kTile);
   const int64_t chunk = blockIdx.x / tiles;
   const ChunkSpan c = chunk_span(p, chunk);
   const int head = blockIdx.y, e0 = static_cast<int>(blockIdx.x % tiles) * kTile;

@@ -1,9 +1,10 @@
 // F4 on CUDA, one block per (sequence, value head, V-tile), walking the chunks in order:
 // h_j = S (stored), delta = U - W S, S <- diag(exp(gamma_L)) S + K_down^T delta. S stays fp32 in
 // registers (warp w holds rows 16 (w % 8) .. + 15, interleaved as the accumulator of K_down^T
-// delta, and the tile's 32 columns, or 16 of them in a block of 16 warps: StateConfig), mirrored transposed to shared memory as the B operand of W S; delta goes to shared memory
-// transposed too, so that every operand is read in pairs (common/mma_pairs.cuh). The next chunk's
-// W, U are copied in while the state is updated, and its K_down while delta is computed (cp.async).
+// delta, and the tile's 32 columns, or 16 of them in a block of 16 warps: StateConfig), mirrored
+// transposed to shared memory as the B operand of W S; delta goes to shared memory transposed too,
+// so that every operand is read in pairs (common/mma_pairs.cuh). The next chunk's W, U are copied
+// in while the state is updated, and its K_down while delta is computed (cp.async).
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -144,7 +145,8 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
 // 106 KB of shared memory for C = 64, K = 128 and fp32 operands, 72 KB with bf16 ones: up to two
 // blocks per SM, three with bf16 operands (R: with_state_residency).
 template <Products kP, typename R>
-__global__ void __launch_bounds__(R::threads, R::blocks_per_sm) fwd_state_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(R::threads, R::blocks_per_sm)
+    fwd_state_kernel(const __grid_constant__ ForwardParams p) {
   const int tiles = StateConfig::tiles(p.V);
   fwd_state_pass<false, kP, R::threads>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
@@ -153,7 +155,8 @@ __global__ void __launch_bounds__(R::threads, R::blocks_per_sm) fwd_state_kernel
 // register cap for two blocks per SM.
 __global__ void __launch_bounds__(StateConfig::kThreads)
     cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
-  fwd_state_pass<true, kSummaryProducts, StateConfig::kThreads>(p.fwd, p.sequence, static_cast<int>(blockIdx.z), p.summary);
+  fwd_state_pass<true, kSummaryProducts, StateConfig::kThreads>(p.fwd, p.sequence, static_cast<int>(blockIdx.z),
+                                                                 p.summary);
 }
 
 }  // namespace fkt::cuda
