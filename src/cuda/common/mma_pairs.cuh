@@ -35,6 +35,9 @@ template <Products kP>
 using Operand = std::conditional_t<kP == Products::kTf32, __nv_bfloat16, float>;
 template <Products kP>
 constexpr DType kOperandDType = kP == Products::kTf32 ? DType::kBF16 : DType::kF32;
+static_assert(sizeof(Operand<Products::kTf32>) == operand_bytes(Products::kTf32) &&
+                  sizeof(Operand<Products::kSplit3>) == operand_bytes(Products::kSplit3),
+              "the workspace is sized by operand_bytes (common/products.hpp)");
 
 // x as a stored operand: TF32-rounded for kTf32, as it is for kSplit3.
 template <Products kP>

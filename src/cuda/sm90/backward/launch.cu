@@ -20,9 +20,10 @@ namespace {
 BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   Carver carver(TensorRef(io.workspace, "workspace").bytes());
   BackwardParams params{};
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(carver, p, true);
+  const int bytes = operand_bytes(products_for(p));
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(carver, p, true, bytes);
   params.fwd = forward_params(p, fwd);
-  params.ws = BackwardWorkspace::carve(carver, p, fwd);
+  params.ws = BackwardWorkspace::carve(carver, p, fwd, bytes);
   const TensorRef d_o(io.d_o, "d_o");
   params.d_o = d_o.bytes();
   params.d_o_dtype = d_o.dtype;
@@ -57,16 +58,18 @@ unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>(ceil_div
 // The backward summary's workspace: F1 to F3 write into the forward's part (without what only B3
 // to B8 read), B1 into the backward's. One layout for sizing and for the run.
 void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, false);
+  const int bytes = operand_bytes(kSummaryProducts);
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, false, bytes);
   params.fwd = forward_params(p, fwd);
-  params.ws = BackwardWorkspace::carve(m, p, fwd);
+  params.ws = BackwardWorkspace::carve(m, p, fwd, bytes);
 }
 
 }  // namespace
 
 uint64_t backward_workspace_bytes(const Problem& p) {
   Carver measure;
-  BackwardWorkspace::carve(measure, p, ForwardWorkspace::carve(measure, p, true));
+  const int bytes = operand_bytes(products_for(p));
+  BackwardWorkspace::carve(measure, p, ForwardWorkspace::carve(measure, p, true, bytes), bytes);
   return measure.bytes();
 }
 

@@ -10,32 +10,34 @@
 namespace fkt::cuda {
 
 // What the backward stages hand to each other; every row index is a (token, value head) row
-// (b * T + t) * HV + head unless said otherwise. fp32 throughout. Four arrays reuse forward
+// (b * T + t) * HV + head unless said otherwise. fp32 throughout. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
-// dA takes P (last read by B1), dq, dk and dgamma take Q_up, K_down and W (last read by B2).
-// That saves 1792 bytes per row at K = V = 128, C = 64.
+// dA takes P (last read by B1), dq Q_up's region, dk the region of W and K_down (last read by B2),
+// and dgamma K_down's half of it when the operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3); in P's place
   float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
   float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
   float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4); in Q_up's place
-  float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4); in K_down's place
-  float* dgamma;            // [B*T, HV, K] gradient of gamma (B3, B4); in W's place
+  float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4); in W's place
+  float* dgamma;            // [B*T, HV, K] gradient of gamma (B3, B4); in K_down's place for fp32 operands
   float* dbeta;             // [B*T, HV] gradient of the activated beta (B3, B4)
   double* dA_log_parts;     // [chunks, HV] partial sums of dA_log per chunk (B7)
   double* ddt_bias_parts;   // [chunks, HV, K] partial sums of ddt_bias per chunk (B7)
 
-  static BackwardWorkspace carve(Carver& m, const Problem& p, const ForwardWorkspace& fwd) {
+  // fwd: a layout with operands of operand_bytes whose Q_up region holds fp32 rows (for_backward,
+  // or fp32 operands).
+  static BackwardWorkspace carve(Carver& m, const Problem& p, const ForwardWorkspace& fwd, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV, chunks = ForwardWorkspace::chunks(p);
     BackwardWorkspace w{};
     w.dP = m.take<float>(rows * p.chunk);
     w.dA = fwd.P;
     w.d_delta = m.take<float>(rows * p.V);
     w.d_states = m.take<float>(chunks * p.HV * p.K * p.V);
-    w.dq = fwd.q_up;
-    w.dk = fwd.k_down;
-    w.dgamma = fwd.W;
+    w.dq = static_cast<float*>(fwd.q_up);
+    w.dk = static_cast<float*>(fwd.W);
+    w.dgamma = operand_bytes == sizeof(float) ? static_cast<float*>(fwd.k_down) : m.take<float>(rows * p.K);
     w.dbeta = m.take<float>(rows);
     w.dA_log_parts = m.take<double>(chunks * p.HV);
     w.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);

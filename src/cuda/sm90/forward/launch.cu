@@ -19,17 +19,18 @@ ForwardParams make_params(const Problem& p, const fkt_forward_outputs& out) {
   Carver carver(TensorRef(out.workspace, "workspace").bytes());
   // With keep_forward the workspace is laid out as the backward's, whose first part the forward fills
   // (T and the activated inputs included) for the backward to read.
-  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, p.keep_forward));
+  const int bytes = operand_bytes(products_for(p));
+  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, p.keep_forward, bytes));
   params.o = data_or_null(out.o, "o");
   params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
   return params;
 }
 
-// The forward's own layout (nothing kept for a backward).
-uint64_t own_workspace_bytes(const Problem& p) {
+// The forward's own layout (nothing kept for a backward), with products of precision `products`.
+uint64_t own_workspace_bytes(const Problem& p, Products products) {
   Carver measure;
-  ForwardWorkspace::carve(measure, p, false);
+  ForwardWorkspace::carve(measure, p, false, operand_bytes(products));
   return measure.bytes();
 }
 
@@ -54,7 +55,7 @@ void check_supported(const Problem& p) {
 }
 
 uint64_t forward_workspace_bytes(const Problem& p) {
-  return p.keep_forward ? backward_workspace_bytes(p) : own_workspace_bytes(p);
+  return p.keep_forward ? backward_workspace_bytes(p) : own_workspace_bytes(p, products_for(p));
 }
 
 void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream) {
@@ -107,12 +108,12 @@ void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
 
 // F1 to F3 write into the forward's own layout (nothing kept for a backward); the widened F4 keeps
 // its state in shared memory.
-uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return own_workspace_bytes(p); }
+uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return own_workspace_bytes(p, kSummaryProducts); }
 
 void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
   Carver carver(workspace);
   CpForwardSummaryParams params{};
-  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false));
+  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts)));
   params.sequence = sequence;
   params.summary = summary;
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);

@@ -12,9 +12,12 @@ namespace fkt::cuda {
 struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay (F1)
   float* P;                // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
-  float* W;                // [B*T, HV, K] (F3)
-  float* k_down;           // [B*T, HV, K] (F3)
-  float* q_up;             // [B*T, HV, K] (F3)
+  // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
+  // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
+  // sized for the backward's dq (fp32) when the backward reads this layout.
+  void* W;                 // [B*T, HV, K] (F3)
+  void* k_down;            // [B*T, HV, K] (F3)
+  void* q_up;              // [B*T, HV, K] (F3)
   float* U;                // [B*T, HV, V] (F3)
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
                            // of a chunk's rows and columns after reading the same rows and columns of U
@@ -28,14 +31,17 @@ struct ForwardWorkspace {
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward) {
+  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     w.gamma = m.take<float>(rows * p.K);
     w.P = m.take<float>(rows * p.chunk);
-    w.W = m.take<float>(rows * p.K);
-    w.k_down = m.take<float>(rows * p.K);
-    w.q_up = m.take<float>(rows * p.K);
+    constexpr int64_t kAlign = Carver::kAlign;  // K_down's start, as every carved array's
+    const int64_t operand = (rows * p.K * operand_bytes + kAlign - 1) / kAlign * kAlign;
+    char* w_kd = m.take<char>(2 * operand);
+    w.W = w_kd;
+    w.k_down = w_kd + operand;
+    w.q_up = m.take<char>(rows * p.K * (for_backward ? static_cast<int>(sizeof(float)) : operand_bytes));
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
     w.states = m.take<float>(chunks(p) * p.HV * p.K * p.V);
