@@ -165,8 +165,13 @@ def _forward_summary(call: _abi.Call, sizes: _lib.CpSizes, sequence: int) -> tor
 def backward_summary(cfg: _core.Config, inputs: _core.Inputs, d_o: torch.Tensor, sequence: int) -> torch.Tensor:
     """``[dS_ext | dM]`` ([HV, K, V + K], state dtype) of sequence ``sequence`` given ``d_o``."""
     call = _call(cfg, inputs)
-    out = _empty_summary(inputs)
-    workspace = call.buffer(_cp_sizes(call).backward_summary_workspace_bytes)
+    return _backward_summary(call, _cp_sizes(call), d_o, sequence)
+
+
+def _backward_summary(call: _abi.Call, sizes: _lib.CpSizes, d_o: torch.Tensor, sequence: int) -> torch.Tensor:
+    """backward_summary of a call already planned (sizes)."""
+    out = _empty_summary(call.inputs)
+    workspace = call.buffer(sizes.backward_summary_workspace_bytes)
     d_do, d_out = describe_torch(d_o), describe_torch(out)
     d_ws = describe_torch(workspace) if workspace is not None else None
     _lib.check(_lib.lib.fkt_cp_backward_summary(ctypes.byref(call.struct), ctypes.byref(call.options), d_do.ref(),
@@ -243,9 +248,12 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         cfg, layout = ctx.cfg, ctx.layout
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, None, *ctx.cu)
         d_o = d_o.contiguous()
+        # Every rank plans (validates) the call before the exchange, as the forward does.
+        call = _call(cfg, inputs)
+        sizes = _cp_sizes(call)
         summary = _empty_summary(inputs)
         if layout.pre > 0:
-            summary = backward_summary(cfg, inputs, d_o, 0)
+            summary = _backward_summary(call, sizes, d_o, 0)
         gathered = layout.all_gather(summary)
         shape = _core.state_shape(cfg, inputs, layout.num_seqs)
         d_final_state = None
