@@ -224,6 +224,17 @@ __device__ __forceinline__ void store_rows(float* dst, int64_t stride, const flo
   for_each_cell<1>(rows, cols, stride, ld, [&](int, int, int64_t g, int s) { dst[g] = src[s]; });
 }
 
+// store_rows into global rows of a dtype known at run time, from element `offset` of base: fp32 as
+// above, other dtypes rounded to nearest by pairs of adjacent columns (cols even).
+__device__ __forceinline__ void store_rows(void* base, DType dtype, int64_t offset, int64_t stride, const float* src,
+                                           int ld, int rows, int cols) {
+  if (dtype == DType::kF32) return store_rows(static_cast<float*>(base) + offset, stride, src, ld, rows, cols);
+  const bool paired = offset % 2 == 0 && pairs_aligned(base, dtype, stride);
+  for_each_cell<2>(rows, cols / 2, stride, ld, [&](int, int, int64_t g, int s) {
+    store_pair(base, dtype, offset + g, make_float2(src[s], src[s + 1]), true, paired);
+  });
+}
+
 // Multiplies a [rows, cols] block of shared memory (row stride ld; cols and ld multiples of 4) by
 // log2(e), by the whole block: log decays in the units exp2_fast takes.
 __device__ __forceinline__ void to_log2_units(float* x, int rows, int cols, int ld) {

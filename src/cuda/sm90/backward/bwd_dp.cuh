@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   // Rows past the chunk's end and columns past V are zero.
   copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
-  copy_rows_async(P, ldp, f.ws.P + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
+  copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l,
+                  C);
   cp_async_commit();
   load_rows_as_float(d_o, ldv, p.d_o, p.d_o_dtype, row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
   cp_async_wait<0>();

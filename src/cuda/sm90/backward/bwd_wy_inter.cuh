@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       const int width = min(kTile, V - e0);
       __syncthreads();
       const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
-      copy_rows_async(S, lds, f.ws.states + state + e0, V, Kp, kTile, K, width);
+      copy_rows_async(S, lds, static_cast<const float*>(f.ws.states) + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(dS, lds, p.ws.d_states + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);

@@ -32,7 +32,7 @@ struct BackwardWorkspace {
     const int64_t rows = p.B * p.T * p.HV, chunks = ForwardWorkspace::chunks(p);
     BackwardWorkspace w{};
     w.dP = m.take<float>(rows * p.chunk);
-    w.dA = fwd.P;
+    w.dA = static_cast<float*>(fwd.P);
     w.d_delta = m.take<float>(rows * p.V);
     w.d_states = m.take<float>(chunks * p.HV * p.K * p.V);
     w.dq = static_cast<float*>(fwd.q_up);

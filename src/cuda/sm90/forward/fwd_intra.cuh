@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     });
   }
   __syncthreads();
-  store_rows(p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
+  store_rows(p.ws.P, p.ws.p_states_dtype, row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   __syncthreads();
 
   // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp

@@ -13,6 +13,7 @@ namespace fkt::cuda {
 
 struct OutputConfig {
   static constexpr int kThreads = 256;
+  static constexpr int kMinBlocks = 2;  // by shared memory (90 KB for C = 64, K = 128): 128 registers
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 64;
   static constexpr int kWarpCols = 32;  // columns of a warp's output tile (4 mma column tiles)
@@ -37,7 +38,8 @@ struct OutputConfig {
 };
 
 template <Products kP>
-__global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
+__global__ void __launch_bounds__(OutputConfig::kThreads, OutputConfig::kMinBlocks)
+    fwd_output_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
   // The V-tiles of a chunk are adjacent in the grid: when V > 64, the second reads Q_up and P from L2.
   const int tiles = ceil_div(p.V, kTile);
@@ -59,9 +61,15 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   // Rows past the chunk's end, columns past K and past the tile are zero.
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_v = static_cast<int64_t>(p.HV) * V;
   copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * K, stride_k, C, Kp, l, K);
-  copy_rows_async(h, kLdB, p.ws.states + (chunk * p.HV + head) * K * V + e0, V, Kp, kTile, K, width);
-  copy_rows_async(P, ldp, p.ws.P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l, C);
   copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
+  const int64_t state_at = (chunk * p.HV + head) * K * V + e0, p_at = row_at(0) * C, stride_c = p.HV * C;
+  if (p.ws.p_states_dtype == DType::kF32) {
+    copy_rows_async(h, kLdB, static_cast<const float*>(p.ws.states) + state_at, V, Kp, kTile, K, width);
+    copy_rows_async(P, ldp, static_cast<const float*>(p.ws.P) + p_at, stride_c, C, C, l, C);
+  } else {  // bf16: widened as loaded, while the cp.async copies are in flight
+    load_rows_as_float(h, kLdB, p.ws.states, p.ws.p_states_dtype, state_at, V, Kp, kTile, K, width);
+    load_rows_as_float(P, ldp, p.ws.P, p.ws.p_states_dtype, p_at, stride_c, C, C, l, C);
+  }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();

@@ -73,7 +73,8 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     issue_values(0);
     issue_update(0);
   }
-  const bool states_paired = pairs_aligned(p.ws.states, DType::kF32, V);
+  const DType states_dtype = p.ws.p_states_dtype;
+  const bool states_paired = pairs_aligned(p.ws.states, states_dtype, V);
   const bool delta_paired = pairs_aligned(p.ws.delta, DType::kF32, V);
   for (int64_t j = 0; j < chunks; ++j) {
     const int l = rows_of(j);
@@ -86,7 +87,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
         const int d = row0 + r, e = col0 + col;
         store_transposed_pair<kP>(S_t, ldk, d, e, x);
         if (kSummary || d >= K || e >= width) return;
-        store_pair(p.ws.states, DType::kF32, base + static_cast<int64_t>(d) * V + e0 + e, x, e + 1 < width,
+        store_pair(p.ws.states, states_dtype, base + static_cast<int64_t>(d) * V + e0 + e, x, e + 1 < width,
                    states_paired);
         if (p.intermediate_states == nullptr) return;
         for (int i = 0; i < 2 && e + i < width; ++i) {

@@ -11,7 +11,10 @@ namespace fkt::cuda {
 
 struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay (F1)
-  float* P;                // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
+  // P and the states hold elements of p_states_dtype: bf16 in the forward's own layout for bf16
+  // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly), else fp32 (the
+  // backward's layout: B1 to B3 read them as fp32).
+  void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
   // sized for the backward's dq (fp32) when the backward reads this layout.
@@ -21,7 +24,8 @@ struct ForwardWorkspace {
   float* U;                // [B*T, HV, V] (F3)
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
                            // of a chunk's rows and columns after reading the same rows and columns of U
-  float* states;           // [chunks, HV, K, V] state entering each chunk (F4)
+  void* states;            // [chunks, HV, K, V] state entering each chunk (F4)
+  DType p_states_dtype;
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
   // For the backward (B0's recompute, or a forward with keep_forward); nullptr otherwise:
   float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
@@ -34,8 +38,10 @@ struct ForwardWorkspace {
   static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
+    w.p_states_dtype = !for_backward && operand_bytes == 2 ? DType::kBF16 : DType::kF32;
+    const int64_t p_states_bytes = w.p_states_dtype == DType::kBF16 ? 2 : 4;
     w.gamma = m.take<float>(rows * p.K);
-    w.P = m.take<float>(rows * p.chunk);
+    w.P = m.take<char>(rows * p.chunk * p_states_bytes);
     constexpr int64_t kAlign = Carver::kAlign;  // K_down's start, as every carved array's
     const int64_t operand = (rows * p.K * operand_bytes + kAlign - 1) / kAlign * kAlign;
     char* w_kd = m.take<char>(2 * operand);
@@ -44,7 +50,7 @@ struct ForwardWorkspace {
     w.q_up = m.take<char>(rows * p.K * (for_backward ? static_cast<int>(sizeof(float)) : operand_bytes));
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
-    w.states = m.take<float>(chunks(p) * p.HV * p.K * p.V);
+    w.states = m.take<char>(chunks(p) * p.HV * p.K * p.V * p_states_bytes);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
       w.T = m.take<float>(rows * p.chunk);
