@@ -185,6 +185,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
   const int64_t stride_v = static_cast<int64_t>(p.HV) * V, qk_first = (c.first_row * p.H + qk_head) * K;
   copy_rows_async(g, ldg, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  // gamma_L for the state passes, read before Q_up may take the row's place (forward/workspace.hpp).
+  for (int d = tid; d < K; d += nthreads) {
+    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] = p.ws.gamma[row_at(l - 1) * K + d];
+  }
   if constexpr (Config::kNarrow) {
     copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
@@ -356,13 +360,14 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
   // Q_up = q_hat exp(gamma), K_down = k_hat exp(gamma_L - gamma), and K_up = k_hat exp(gamma) in place
   // of gamma, stored as an operand.
-  Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
+  Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * p.ws.q_up_pitch;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
+  const int64_t stride_q = p.HV * p.ws.q_up_pitch;
   for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
     const float4 gr = load4(g + s), kr = k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
     if (r < l) {
-      store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
+      store_first(q_up + r * stride_q + d, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
       const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
                                load4(g_last + d), gr);
       store_first(k_down + at, down, K - d, vector);

@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(OutputConfig::kThreads, OutputConfig::kMinBloc
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };
 
   // Rows past the chunk's end, columns past K and past the tile are zero.
-  const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_v = static_cast<int64_t>(p.HV) * V;
-  copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * K, stride_k, C, Kp, l, K);
+  const int64_t stride_q = p.HV * p.ws.q_up_pitch, stride_v = static_cast<int64_t>(p.HV) * V;
+  copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * p.ws.q_up_pitch, stride_q, C, Kp, l, K);
   copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
   const int64_t state_at = (chunk * p.HV + head) * K * V + e0, p_at = row_at(0) * C, stride_c = p.HV * C;
   if (p.ws.p_states_dtype == DType::kF32) {

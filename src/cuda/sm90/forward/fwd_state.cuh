@@ -56,8 +56,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   auto issue_update = [&](int64_t j) {
     copy_rows_async(kd, ldm, reinterpret_cast<const Op*>(p.ws.k_down) + row_of(j) * K, stride_k, C, Kp, rows_of(j),
                     K);
-    copy_rows_async(g_last, Kp, p.ws.gamma + (row_of(j) + static_cast<int64_t>(rows_of(j) - 1) * p.HV) * K, stride_k,
-                    1, Kp, 1, K);
+    copy_rows_async(g_last, Kp, p.ws.g_last + ((seq.first_chunk + j) * p.HV + head) * K, K, 1, Kp, 1, K);
     cp_async_commit();
   };
 

@@ -17,10 +17,15 @@ struct ForwardWorkspace {
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
-  // sized for the backward's dq (fp32) when the backward reads this layout.
+  // sized for the backward's dq (fp32) when the backward reads this layout. In the forward's own
+  // layout with bf16 operands Q_up lives in the first half of gamma's rows (q_up_pitch = 2K): each
+  // block of F2 writes only the rows it has read, and nothing reads gamma after F2 there (F4 takes
+  // gamma_L from g_last).
   void* W;                 // [B*T, HV, K] (F3)
   void* k_down;            // [B*T, HV, K] (F3)
-  void* q_up;              // [B*T, HV, K] (F3)
+  void* q_up;              // [B*T, HV, K] (F3), rows q_up_pitch elements apart
+  int64_t q_up_pitch;
+  float* g_last;           // [chunks, HV, K] gamma of each chunk's last row (F2), read by F4 and B2
   float* U;                // [B*T, HV, V] (F3)
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
                            // of a chunk's rows and columns after reading the same rows and columns of U
@@ -38,7 +43,10 @@ struct ForwardWorkspace {
   static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
-    w.p_states_dtype = !for_backward && operand_bytes == 2 ? DType::kBF16 : DType::kF32;
+    // The forward's own layout with bf16 operands, where F5 is the last reader: P and the states in
+    // bf16, Q_up in gamma's rows.
+    const bool compact = !for_backward && operand_bytes == 2;
+    w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
     const int64_t p_states_bytes = w.p_states_dtype == DType::kBF16 ? 2 : 4;
     w.gamma = m.take<float>(rows * p.K);
     w.P = m.take<char>(rows * p.chunk * p_states_bytes);
@@ -47,10 +55,13 @@ struct ForwardWorkspace {
     char* w_kd = m.take<char>(2 * operand);
     w.W = w_kd;
     w.k_down = w_kd + operand;
-    w.q_up = m.take<char>(rows * p.K * (for_backward ? static_cast<int>(sizeof(float)) : operand_bytes));
+    const int64_t q_up_bytes = for_backward ? static_cast<int64_t>(sizeof(float)) : operand_bytes;
+    w.q_up = compact ? static_cast<void*>(w.gamma) : m.take<char>(rows * p.K * q_up_bytes);
+    w.q_up_pitch = compact ? 2 * p.K : p.K;
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
     w.states = m.take<char>(chunks(p) * p.HV * p.K * p.V * p_states_bytes);
+    w.g_last = m.take<float>(chunks(p) * p.HV * p.K);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
       w.T = m.take<float>(rows * p.chunk);
