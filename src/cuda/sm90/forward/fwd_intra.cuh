@@ -185,10 +185,6 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
   const int64_t stride_v = static_cast<int64_t>(p.HV) * V, qk_first = (c.first_row * p.H + qk_head) * K;
   copy_rows_async(g, ldg, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
-  // gamma_L for the state passes, read before Q_up may take the row's place (forward/workspace.hpp).
-  for (int d = tid; d < K; d += nthreads) {
-    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] = p.ws.gamma[row_at(l - 1) * K + d];
-  }
   if constexpr (Config::kNarrow) {
     copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
@@ -210,6 +206,11 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     store4(T + x, float4{0.f, 0.f, 0.f, 0.f});
   }
   cp_async_wait<0>();
+  __syncthreads();
+  // gamma_L for the state passes, kept before Q_up may take gamma's rows (forward/workspace.hpp).
+  for (int d = tid; d < K; d += nthreads) {
+    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] = g[(l - 1) * ldg + d];
+  }
   __syncthreads();
   to_log2_units(g, C, Kp, ldg);
   row_scales(q, l, C, K, ldk, p.l2norm, scale_q);

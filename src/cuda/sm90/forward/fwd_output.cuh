@@ -13,33 +13,31 @@ namespace fkt::cuda {
 
 struct OutputConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kMinBlocks = 2;  // by shared memory (90 KB for C = 64, K = 128): 128 registers
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 64;
   static constexpr int kWarpCols = 32;  // columns of a warp's output tile (4 mma column tiles)
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
-  // Row strides: 4 (mod 32) for A operands (Q_up, P), 8 (mod 32) for B operands (h, delta), so
-  // the fragment reads are free of bank conflicts.
-  __host__ __device__ static int ld_a(int cols) { return padded(cols) + 4; }
-  // Q_up's row stride in its elements (Operand in common/mma_pairs.cuh): as ld_a for fp32, 8
-  // (mod 64) for bf16, whose lanes t, t + 1 then share a word.
-  __host__ __device__ static int ld_q(int K, int operand_bytes) {
-    return operand_bytes == 2 ? round_up<64>(K) + 8 : ld_a(K);
+  // Row strides in elements of T, so that the fragment reads are free of bank conflicts: for fp32,
+  // 4 (mod 32) for A operands (Q_up, P) and 8 (mod 32) for B operands (h, delta); for 16-bit
+  // elements 8 (mod 64) for both, where lanes t, t + 1 (A) or t, t + 4 (B) share a word.
+  template <typename T>
+  __host__ __device__ static int ld_a(int cols) {
+    return sizeof(T) == 2 ? round_up<64>(cols) + 8 : padded(cols) + 4;
   }
   static constexpr int kLdB = kTileV + 8;
-  // Shared memory: Q_up [C, ld_q] of operand_bytes each (a multiple of 16 bytes: C is a multiple of
-  // 16), then fp32 h [Kp, kLdB], P [C, ld_a(C)], delta [C, kLdB].
-  __host__ __device__ static int q_floats(int C, int K, int operand_bytes) {
-    return C * ld_q(K, operand_bytes) * operand_bytes / 4;
-  }
-  static size_t smem_bytes(int C, int K, int operand_bytes) {
-    return sizeof(float) * (q_floats(C, K, operand_bytes) + padded(K) * kLdB + C * ld_a(C) + C * kLdB);
+  // Shared memory: Q_up [C, ld_a] of Op, h [Kp, kLdB] and P [C, ld_a] of Stored (the elements of
+  // the forward's P and states), delta [C, kLdB] of fp32; each a multiple of 16 bytes (C is a
+  // multiple of 16).
+  template <typename Op, typename Stored>
+  static size_t smem_bytes(int C, int K) {
+    return sizeof(Op) * C * ld_a<Op>(K) + sizeof(Stored) * (padded(K) * kLdB + C * ld_a<Stored>(C)) +
+           sizeof(float) * C * kLdB;
   }
 };
 
-template <Products kP>
-__global__ void __launch_bounds__(OutputConfig::kThreads, OutputConfig::kMinBlocks)
-    fwd_output_kernel(const __grid_constant__ ForwardParams p) {
+// Stored: the element type of the forward's P and states (p.ws.p_states_dtype).
+template <Products kP, typename Stored>
+__global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
   // The V-tiles of a chunk are adjacent in the grid: when V > 64, the second reads Q_up and P from L2.
   const int tiles = ceil_div(p.V, kTile);
@@ -48,12 +46,12 @@ __global__ void __launch_bounds__(OutputConfig::kThreads, OutputConfig::kMinBloc
   const int head = blockIdx.y, e0 = static_cast<int>(blockIdx.x % tiles) * kTile;
   const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), width = min(kTile, V - e0);
   using Op = Operand<kP>;
-  const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_q(K, sizeof(Op)), ldp = OutputConfig::ld_a(C);
+  const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_a<Op>(K), ldp = OutputConfig::ld_a<Stored>(C);
   extern __shared__ __align__(16) float smem[];
-  Op* qu = reinterpret_cast<Op*>(smem);                            // [C, ldq]
-  float* h = smem + OutputConfig::q_floats(C, K, sizeof(Op));      // [Kp, kLdB]
-  float* P = h + Kp * kLdB;        // [C, ldp]
-  float* delta = P + C * ldp;      // [C, kLdB]
+  Op* qu = reinterpret_cast<Op*>(smem);           // [C, ldq]
+  Stored* h = reinterpret_cast<Stored*>(qu + C * ldq);  // [Kp, kLdB]
+  Stored* P = h + Kp * kLdB;                      // [C, ldp]
+  float* delta = reinterpret_cast<float*>(P + C * ldp);  // [C, kLdB]
   const int warp = threadIdx.x / 32;
   const bool paired = pairs_aligned(p.o, p.o_dtype, V);
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };
@@ -61,15 +59,11 @@ __global__ void __launch_bounds__(OutputConfig::kThreads, OutputConfig::kMinBloc
   // Rows past the chunk's end, columns past K and past the tile are zero.
   const int64_t stride_q = p.HV * p.ws.q_up_pitch, stride_v = static_cast<int64_t>(p.HV) * V;
   copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * p.ws.q_up_pitch, stride_q, C, Kp, l, K);
+  copy_rows_async(h, kLdB, static_cast<const Stored*>(p.ws.states) + (chunk * p.HV + head) * K * V + e0, V, Kp, kTile,
+                  K, width);
+  copy_rows_async(P, ldp, static_cast<const Stored*>(p.ws.P) + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l,
+                  C);
   copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
-  const int64_t state_at = (chunk * p.HV + head) * K * V + e0, p_at = row_at(0) * C, stride_c = p.HV * C;
-  if (p.ws.p_states_dtype == DType::kF32) {
-    copy_rows_async(h, kLdB, static_cast<const float*>(p.ws.states) + state_at, V, Kp, kTile, K, width);
-    copy_rows_async(P, ldp, static_cast<const float*>(p.ws.P) + p_at, stride_c, C, C, l, C);
-  } else {  // bf16: widened as loaded, while the cp.async copies are in flight
-    load_rows_as_float(h, kLdB, p.ws.states, p.ws.p_states_dtype, state_at, V, Kp, kTile, K, width);
-    load_rows_as_float(P, ldp, p.ws.P, p.ws.p_states_dtype, p_at, stride_c, C, C, l, C);
-  }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -81,13 +75,13 @@ __global__ void __launch_bounds__(OutputConfig::kThreads, OutputConfig::kMinBloc
     if (c0 >= width) continue;
     float acc[kCols / 8][4] = {};
     warp_mma<kP, kCols / 8>(acc, 0, Kp, [&](int r, int d) { return to_float(qu[(R0 + r) * ldq + d]); },
-                            [&](int d, int e) { return h[d * kLdB + c0 + e]; });
+                            [&](int d, int e) { return to_float(h[d * kLdB + c0 + e]); });
 #pragma unroll
     for (int n = 0; n < kCols / 8; ++n) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[n][j] *= p.scale;
     }
-    warp_mma<kP, kCols / 8>(acc, 0, R0 + 16, [&](int r, int i) { return P[(R0 + r) * ldp + i]; },
+    warp_mma<kP, kCols / 8>(acc, 0, R0 + 16, [&](int r, int i) { return to_float(P[(R0 + r) * ldp + i]); },
                             [&](int i, int e) { return delta[i * kLdB + c0 + e]; });
     for_each_acc_pair(acc, [&](int r, int e, float2 pair) {
       if (R0 + r < l && c0 + e < width) {

@@ -89,7 +89,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   const unsigned heads = static_cast<unsigned>(p.HV);
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
-    constexpr int kOperandBytes = sizeof(Operand<kP>);
+    constexpr int kOperandBytes = operand_bytes(kP);
     with_state_residency<StatePass::kForward, kP>(p, [&](auto residency) {
       using R = decltype(residency);
       const auto kernel = fwd_state_kernel<kP, R>;
@@ -97,8 +97,17 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
       launch(kernel, state_pass_grid(p), R::threads, FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
     });
     if (params.o == nullptr) return;
-    launch(fwd_output_kernel<kP>, dim3(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads),
-           OutputConfig::kThreads, OutputConfig::smem_bytes(p.chunk, p.K, kOperandBytes), s, params);
+    const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
+    const auto output = [&](auto stored) {
+      using Stored = decltype(stored);
+      launch(fwd_output_kernel<kP, Stored>, grid, OutputConfig::kThreads,
+             OutputConfig::smem_bytes<Operand<kP>, Stored>(p.chunk, p.K), s, params);
+    };
+    // bf16 P and states occur with bf16 operands only (ForwardWorkspace::carve).
+    if constexpr (kP == Products::kTf32) {
+      if (params.ws.p_states_dtype == DType::kBF16) return output(__nv_bfloat16{});
+    }
+    output(float{});
   });
 }
 
