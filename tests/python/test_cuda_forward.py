@@ -56,7 +56,8 @@ LOW_PRECISION_BOUNDS = [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 2e-5
 
 
 @pytest.mark.parametrize("dtype,bound,state_bound", LOW_PRECISION_BOUNDS)
-@pytest.mark.parametrize("case", [CASES[1], CASES[5]], ids=["gate-l2norm-gva", "varlen"])
+# CASES[3] (K = V = 128, chunks of 64): the kernels with compile-time dims (sm90/dims.hpp).
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[3]], ids=["gate-l2norm-gva", "varlen", "K128"])
 def test_low_precision_forward_matches_gold(case, dtype, bound, state_bound):
     o, ht, x, kw, opts = run(case, "cuda", dtype)
     gold_o, gold_ht, _ = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw,

@@ -10,6 +10,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/common/products.hpp"
 #include "cuda/common/round_up.hpp"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/params.hpp"
 #include "cuda/sm90/forward/state_config.hpp"
 
@@ -39,6 +40,17 @@ template <typename F>
 void with_products(Products products, F f) {
   if (products == Products::kTf32) f(std::integral_constant<Products, Products::kTf32>{});
   else f(std::integral_constant<Products, Products::kSplit3>{});
+}
+
+// The one place where the call's chunk size and head dims become the chunk kernels' template
+// argument (sm90/dims.hpp): calls f(CommonDims{}) for the common shape with bf16 products (the
+// shape and precision of bf16 training, compiled twice), else f(RuntimeDims{}).
+template <Products kP, typename F>
+void with_dims(const Problem& p, F f) {
+  if constexpr (kP == Products::kTf32) {
+    if (CommonDims::matches(p)) return f(CommonDims{});
+  }
+  f(RuntimeDims{});
 }
 
 // Asks for the largest shared-memory carveout, under which the kernel's blocks that fit by shared

@@ -7,6 +7,7 @@
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -23,11 +24,11 @@ struct DpConfig {
   static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (2 * C * ld_v(V) + C * ld_p(C)); }
 };
 
-template <Products kP>
+template <Products kP, typename Dims>
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
-  const int head = blockIdx.y, C = f.chunk, V = f.V, l = static_cast<int>(c.rows);
+  const int head = blockIdx.y, C = Dims::chunk(f), V = Dims::v(f), l = static_cast<int>(c.rows);
   const int Vp = DpConfig::padded(V), ldv = DpConfig::ld_v(V), ldp = DpConfig::ld_p(C);
   extern __shared__ __align__(16) float smem[];
   float* d_o = smem;               // [C, ldv]

@@ -15,6 +15,7 @@
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -47,12 +48,12 @@ __device__ __forceinline__ void to_columns(const float (&acc)[N][4], float (&col
   __syncwarp();
 }
 
-template <Products kP>
+template <Products kP, typename Dims>
 __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kCols = BwdIntraConfig::kCols, kN = kCols / 8;
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
-  const int head = blockIdx.y, C = f.chunk, K = f.K, l = static_cast<int>(c.rows);
+  const int head = blockIdx.y, C = Dims::chunk(f), K = Dims::k(f), l = static_cast<int>(c.rows);
   const int Kp = BwdIntraConfig::padded(K), ldk = BwdIntraConfig::ld_k(K), ldc = BwdIntraConfig::ld_c(C);
   extern __shared__ __align__(16) float smem[];
   float* q = smem;               // [C, ldk]

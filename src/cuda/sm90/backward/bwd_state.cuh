@@ -13,6 +13,7 @@
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
@@ -24,14 +25,14 @@ namespace fkt::cuda {
 // [dO | 0] and intra d_delta [P^T dO | 0] (B1 run on zero new values), writing only the widened
 // gradient entering the sequence, to summary [HV, K, V + K]. Columns evolve independently: column
 // V + d starts at the unit vector e_d and reads no dO and no intra d_delta.
-template <bool kSummary, Products kP, int kThreads>
+template <bool kSummary, Products kP, int kThreads, typename Dims>
 __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t n, int tile, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile;
   constexpr int kCols = StateConfig::warp_cols(kThreads);
   constexpr int kPrefetch = 64 * kTile / kThreads;  // dO elements a thread carries (C <= 64)
   const ForwardParams& f = p.fwd;
   const int head = blockIdx.y, e0 = tile * kTile;
-  const int C = f.chunk, K = f.K, V = f.V, Kp = StateConfig::padded(K);
+  const int C = Dims::chunk(f), K = Dims::k(f), V = Dims::v(f), Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns with dO, d_delta
   using Op = Operand<kP>;
@@ -169,18 +170,18 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
 
 // 99 KB of shared memory for C = 64, K = 128 and bf16 operands: up to two blocks per SM (R:
 // with_state_residency).
-template <Products kP, typename R>
+template <Products kP, typename R, typename Dims>
 __global__ void __launch_bounds__(R::threads, R::blocks_per_sm)
     bwd_state_kernel(const __grid_constant__ BackwardParams p) {
-  const int tiles = StateConfig::tiles(p.fwd.V);
-  bwd_state_pass<false, kP, R::threads>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
+  const int tiles = StateConfig::tiles(Dims::v(p.fwd));
+  bwd_state_pass<false, kP, R::threads, Dims>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence.
 __global__ void __launch_bounds__(2 * StateConfig::kThreads, 1)
     cp_backward_summary_kernel(const __grid_constant__ CpBackwardSummaryParams p) {
-  bwd_state_pass<true, kSummaryProducts, 2 * StateConfig::kThreads>(p.bwd, p.sequence, static_cast<int>(blockIdx.z),
-                                                                     p.summary);
+  bwd_state_pass<true, kSummaryProducts, 2 * StateConfig::kThreads, RuntimeDims>(p.bwd, p.sequence,
+                                                                                  static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -12,6 +12,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
 #include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -62,13 +63,13 @@ struct WyInterLayout {
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
 
-template <Products kP>
+template <Products kP, typename Dims>
 __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kTile = WyInterConfig::kTileV;
   const ForwardParams& f = p.fwd;
   const int64_t chunk = blockIdx.x;
   const ChunkSpan c = chunk_span(f, chunk);
-  const int head = blockIdx.y, C = f.chunk, K = f.K, V = f.V, l = static_cast<int>(c.rows);
+  const int head = blockIdx.y, C = Dims::chunk(f), K = Dims::k(f), V = Dims::v(f), l = static_cast<int>(c.rows);
   const int Kp = WyInterConfig::padded(K), Vp = WyInterConfig::padded(V);
   const WyInterLayout L(C, K, V);
   const int ldb = L.ldb, lds = L.lds, ldt = L.ldt, ldv = L.ldv;

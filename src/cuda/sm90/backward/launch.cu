@@ -90,15 +90,24 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
 
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
-    launch(bwd_dp_kernel<kP>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
+    with_dims<kP>(p, [&](auto dims) {
+      using Dims = decltype(dims);
+      launch(bwd_dp_kernel<kP, Dims>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes(C, K, V), s, params);
+    });
     with_state_residency<StatePass::kBackward, kP>(p, [&](auto residency) {
       using R = decltype(residency);
-      const auto kernel = bwd_state_kernel<kP, R>;
-      if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-      launch(kernel, state_pass_grid(p), R::threads, BwdStateLayout::bytes(C, K, sizeof(Operand<kP>)), s, params);
+      with_dims<kP>(p, [&](auto dims) {
+        const auto kernel = bwd_state_kernel<kP, R, decltype(dims)>;
+        if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+        launch(kernel, state_pass_grid(p), R::threads, BwdStateLayout::bytes(C, K, operand_bytes(kP)), s, params);
+      });
     });
-    launch(bwd_wy_inter_kernel<kP>, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
-    launch(bwd_intra_kernel<kP>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s, params);
+    with_dims<kP>(p, [&](auto dims) {
+      using Dims = decltype(dims);
+      launch(bwd_wy_inter_kernel<kP, Dims>, per_chunk, WyInterConfig::kThreads, WyInterLayout::bytes(C, K, V), s, params);
+      launch(bwd_intra_kernel<kP, Dims>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s,
+             params);
+    });
   });
   launch(bwd_gate_kernel, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V), s, params);
   if (!params.qk_in_intra) {
@@ -136,7 +145,8 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
   // B1 on zero new values, as the CPU summary runs it: the summary must not depend on the forward
   // from the true entering state, and B1's d_delta (P^T dO) does not; its dP comes out zero, unused.
   FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
-  launch(bwd_dp_kernel<kSummaryProducts>, dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
+  launch(bwd_dp_kernel<kSummaryProducts, RuntimeDims>,
+         dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes(p.chunk, p.K, p.V), s, params.bwd);
   launch(cp_backward_summary_kernel, cp_summary_grid(p), 2 * StateConfig::kThreads,
          BwdStateLayout::bytes(p.chunk, p.K, sizeof(Operand<kSummaryProducts>)), s, params);

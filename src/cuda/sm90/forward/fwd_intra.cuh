@@ -12,6 +12,7 @@
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/vec4.cuh"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -150,14 +151,14 @@ __device__ __forceinline__ void invert_below_diagonal(const float* A, float* T, 
   }
 }
 
-template <Products kP, typename In>
+template <Products kP, typename In, typename Dims>
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kMinBlocks)
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
   const ChunkSpan c = chunk_span(p, blockIdx.x);
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
-  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows);
+  const int C = Dims::chunk(p), K = Dims::k(p), V = Dims::v(p), l = static_cast<int>(c.rows);
   const int Kp = Config::padded(K), Vp = Config::padded(V);
   const int subs = C / kSub, live = ceil_div(l, kSub);  // sub-chunks, those holding tokens
   const IntraLayout<In> L(C, K, V);

@@ -7,6 +7,7 @@
 #include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
@@ -36,15 +37,15 @@ struct OutputConfig {
 };
 
 // Stored: the element type of the forward's P and states (p.ws.p_states_dtype).
-template <Products kP, typename Stored>
+template <Products kP, typename Stored, typename Dims>
 __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
   // The V-tiles of a chunk are adjacent in the grid: when V > 64, the second reads Q_up and P from L2.
-  const int tiles = ceil_div(p.V, kTile);
+  const int tiles = ceil_div(Dims::v(p), kTile);
   const int64_t chunk = blockIdx.x / tiles;
   const ChunkSpan c = chunk_span(p, chunk);
   const int head = blockIdx.y, e0 = static_cast<int>(blockIdx.x % tiles) * kTile;
-  const int C = p.chunk, K = p.K, V = p.V, l = static_cast<int>(c.rows), width = min(kTile, V - e0);
+  const int C = Dims::chunk(p), K = Dims::k(p), V = Dims::v(p), l = static_cast<int>(c.rows), width = min(kTile, V - e0);
   using Op = Operand<kP>;
   const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_a<Op>(K), ldp = OutputConfig::ld_a<Stored>(C);
   extern __shared__ __align__(16) float smem[];

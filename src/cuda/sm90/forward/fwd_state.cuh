@@ -12,6 +12,7 @@
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/cp/params.hpp"
+#include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
 
@@ -21,11 +22,11 @@ namespace fkt::cuda {
 // the same pass on the widened state [S | M] of V + K columns from [0 | I] with new values [U | 0],
 // writing only the final widened state, to summary [HV, K, V + K]. Columns evolve independently,
 // so the tile math is unchanged: column V + d starts at the unit vector e_d and reads no new values.
-template <bool kSummary, Products kP, int kThreads>
+template <bool kSummary, Products kP, int kThreads, typename Dims>
 __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n, int tile, float* summary) {
   constexpr int kTile = StateConfig::kTileV, kLd = StateConfig::kLdTile, kCols = StateConfig::warp_cols(kThreads);
   const int head = blockIdx.y, e0 = tile * kTile;
-  const int C = p.chunk, K = p.K, V = p.V, Kp = StateConfig::padded(K);
+  const int C = Dims::chunk(p), K = Dims::k(p), V = Dims::v(p), Kp = StateConfig::padded(K);
   const int columns = kSummary ? V + K : V, width = min(kTile, columns - e0);
   const int values = kSummary ? max(0, min(kTile, V - e0)) : width;  // the tile's columns that have new values
   using Op = Operand<kP>;
@@ -144,19 +145,19 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
 
 // 106 KB of shared memory for C = 64, K = 128 and fp32 operands, 72 KB with bf16 ones: up to two
 // blocks per SM, three with bf16 operands (R: with_state_residency).
-template <Products kP, typename R>
+template <Products kP, typename R, typename Dims>
 __global__ void __launch_bounds__(R::threads, R::blocks_per_sm)
     fwd_state_kernel(const __grid_constant__ ForwardParams p) {
-  const int tiles = StateConfig::tiles(p.V);
-  fwd_state_pass<false, kP, R::threads>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
+  const int tiles = StateConfig::tiles(Dims::v(p));
+  fwd_state_pass<false, kP, R::threads, Dims>(p, blockIdx.x / tiles, static_cast<int>(blockIdx.x % tiles), nullptr);
 }
 
 // One block per (value head, 32-column tile of V + K) of the one sequence: few blocks, so no
 // register cap for two blocks per SM.
 __global__ void __launch_bounds__(StateConfig::kThreads)
     cp_forward_summary_kernel(const __grid_constant__ CpForwardSummaryParams p) {
-  fwd_state_pass<true, kSummaryProducts, StateConfig::kThreads>(p.fwd, p.sequence, static_cast<int>(blockIdx.z),
-                                                                 p.summary);
+  fwd_state_pass<true, kSummaryProducts, StateConfig::kThreads, RuntimeDims>(p.fwd, p.sequence,
+                                                                              static_cast<int>(blockIdx.z), p.summary);
 }
 
 }  // namespace fkt::cuda

@@ -72,10 +72,12 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
       if constexpr (decltype(kp)::value == Products::kTf32 && std::is_same_v<In, __half>) {
         return;  // a pair that never occurs: not instantiated
       } else {
-        const auto kernel = fwd_intra_kernel<decltype(kp)::value, In>;
-        prefer_max_shared(kernel);  // two blocks of about 105 KB
-        launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
-               IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+        with_dims<decltype(kp)::value>(p, [&](auto dims) {
+          const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims)>;
+          prefer_max_shared(kernel);  // two blocks of about 105 KB
+          launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
+                 IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+        });
       }
     });
   });
@@ -92,16 +94,20 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
     constexpr int kOperandBytes = operand_bytes(kP);
     with_state_residency<StatePass::kForward, kP>(p, [&](auto residency) {
       using R = decltype(residency);
-      const auto kernel = fwd_state_kernel<kP, R>;
-      if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-      launch(kernel, state_pass_grid(p), R::threads, FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
+      with_dims<kP>(p, [&](auto dims) {
+        const auto kernel = fwd_state_kernel<kP, R, decltype(dims)>;
+        if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+        launch(kernel, state_pass_grid(p), R::threads, FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
+      });
     });
     if (params.o == nullptr) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
     const auto output = [&](auto stored) {
       using Stored = decltype(stored);
-      launch(fwd_output_kernel<kP, Stored>, grid, OutputConfig::kThreads,
-             OutputConfig::smem_bytes<Operand<kP>, Stored>(p.chunk, p.K), s, params);
+      with_dims<kP>(p, [&](auto dims) {
+        launch(fwd_output_kernel<kP, Stored, decltype(dims)>, grid, OutputConfig::kThreads,
+               OutputConfig::smem_bytes<Operand<kP>, Stored>(p.chunk, p.K), s, params);
+      });
     };
     // bf16 P and states occur with bf16 operands only (ForwardWorkspace::carve).
     if constexpr (kP == Products::kTf32) {
