@@ -70,6 +70,17 @@ void with_intra_storage(DType q_dtype, DType v_dtype, F f) {
   f(float{});
 }
 
+// How B1 and B3 keep dO in shared memory: bf16 as given for bf16 products and a bf16 gradient
+// (copied with cp.async, widened exactly where read), else widened to fp32 as loaded. Calls
+// f(element) with a value of that type.
+template <Products kP, typename F>
+void with_d_o_storage(DType d_o, F f) {
+  if constexpr (kP == Products::kTf32) {
+    if (d_o == DType::kBF16) return f(__nv_bfloat16{});
+  }
+  f(float{});
+}
+
 // The inputs, options and shapes every stage reads; outputs are left null for the caller to set.
 inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws) {
   ForwardParams params{};

@@ -16,32 +16,50 @@ struct DpConfig {
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
-  // Row strides 4 (mod 32) for rows read as mma (row g, column t) fragments, P's 8 (mod 32) for its
-  // transposed reads.
+  // Row strides 4 (mod 32) for fp32 rows read as mma (row g, column t) fragments, P's 8 (mod 32)
+  // for its transposed reads; 16-bit dO rows 8 (mod 64), where two lanes read one word.
   __host__ __device__ static int ld_v(int V) { return padded(V) + 4; }
   __host__ __device__ static int ld_p(int C) { return C + 8; }
-  // fp32 shared memory: dO and delta [C, ld_v], P [C, ld_p].
-  static size_t smem_bytes(int C, int, int V) { return sizeof(float) * (2 * C * ld_v(V) + C * ld_p(C)); }
+  template <typename DoT>
+  __host__ __device__ static int ld_o(int V) {
+    return sizeof(DoT) == 2 ? round_up<64>(V) + 8 : ld_v(V);
+  }
+  // Shared memory: dO [C, ld_o] of DoT (a multiple of 16 bytes: C is a multiple of 16), then fp32
+  // delta [C, ld_v] and P [C, ld_p].
+  template <typename DoT>
+  __host__ __device__ static int d_o_floats(int C, int V) {
+    return C * ld_o<DoT>(V) * static_cast<int>(sizeof(DoT)) / 4;
+  }
+  template <typename DoT>
+  static size_t smem_bytes(int C, int V) {
+    return sizeof(float) * (d_o_floats<DoT>(C, V) + C * ld_v(V) + C * ld_p(C));
+  }
 };
 
-template <Products kP, typename Dims>
+// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
+template <Products kP, typename Dims, typename DoT>
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
   const int head = blockIdx.y, C = Dims::chunk(f), V = Dims::v(f), l = static_cast<int>(c.rows);
   const int Vp = DpConfig::padded(V), ldv = DpConfig::ld_v(V), ldp = DpConfig::ld_p(C);
+  const int ldo = DpConfig::ld_o<DoT>(V);
   extern __shared__ __align__(16) float smem[];
-  float* d_o = smem;               // [C, ldv]
-  float* delta = d_o + C * ldv;    // [C, ldv]
-  float* P = delta + C * ldv;      // [C, ldp]
+  DoT* d_o = reinterpret_cast<DoT*>(smem);                        // [C, ldo]
+  float* delta = smem + DpConfig::d_o_floats<DoT>(C, V);          // [C, ldv]
+  float* P = delta + C * ldv;                                     // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   // Rows past the chunk's end and columns past V are zero.
-  copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
+  copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, stride_v, C, Vp, l, V);
+  if constexpr (sizeof(DoT) == 2) {
+    copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + row_at(0) * V, stride_v, C, Vp, l, V);
+  }
   copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l,
                   C);
   cp_async_commit();
-  load_rows_as_float(d_o, ldv, p.d_o, p.d_o_dtype, row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, row_at(0) * V, stride_v, C, Vp, l, V);
   cp_async_wait<0>();
   __syncthreads();
   // dP: warp tiles of 16 rows x 32 columns; row tile R needs columns below 16 (R + 1) only.
@@ -49,7 +67,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     const int R0 = task / (C / 32) * 16, c0 = task % (C / 32) * 32;
     float acc[4][4] = {};
     if (c0 < R0 + 16) {
-      warp_mma<kP, 4>(acc, 0, Vp, [&](int r, int e) { return d_o[(R0 + r) * ldv + e]; },
+      warp_mma<kP, 4>(acc, 0, Vp, [&](int r, int e) { return to_float(d_o[(R0 + r) * ldo + e]); },
                       [&](int e, int i) { return delta[(c0 + i) * ldv + e]; });
     }
     for_each_acc(acc, [&](int r, int i, float x) {
@@ -63,7 +81,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     const int I0 = task / halves * 16, c0 = task % halves * 64;
     float acc[8][4] = {};
     warp_mma<kP, 8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },
-                    [&](int r, int e) { return c0 + e < Vp ? d_o[r * ldv + c0 + e] : 0.f; });
+                    [&](int r, int e) { return c0 + e < Vp ? to_float(d_o[r * ldo + c0 + e]) : 0.f; });
     for_each_acc(acc, [&](int i, int e, float x) {
       const int row = I0 + i, col = c0 + e;
       if (row < l && col < V) p.ws.d_delta[row_at(row) * V + col] = x;

@@ -63,7 +63,8 @@ struct WyInterLayout {
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
 
-template <Products kP, typename Dims>
+// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
+template <Products kP, typename Dims, typename DoT>
 __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kTile = WyInterConfig::kTileV;
   const ForwardParams& f = p.fwd;
@@ -96,7 +97,9 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   {
     float* S = smem + L.s;
     float* dS = smem + L.ds;
-    float* tile_do = smem + L.tile_do;
+    // 16-bit dO rows: 8 (mod 64) elements, two lanes per word, free of bank conflicts too.
+    DoT* tile_do = reinterpret_cast<DoT*>(smem + L.tile_do);
+    const int ldo = sizeof(DoT) == 2 ? kTile + 8 : lds;
     float* tile_delta = smem + L.tile_delta;
     float* tile_dd = smem + L.tile_dd;
     const int3 w = tile_of(Kp);
@@ -111,14 +114,20 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       copy_rows_async(dS, lds, p.ws.d_states + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
+      if constexpr (sizeof(DoT) == 2) {
+        copy_rows16_async(tile_do, ldo, static_cast<const DoT*>(p.d_o) + row_at(0) * V + e0, stride_v, C, kTile, l,
+                          width);
+      }
       cp_async_commit();
-      load_rows_as_float(tile_do, lds, p.d_o, p.d_o_dtype, row_at(0) * V + e0, stride_v, C, kTile, l, width);
+      if constexpr (sizeof(DoT) == 4) {
+        load_rows_as_float(tile_do, ldo, p.d_o, p.d_o_dtype, row_at(0) * V + e0, stride_v, C, kTile, l, width);
+      }
       cp_async_wait<0>();
       __syncthreads();
       if (w.x) {
         const int g = lane / 4, t = lane % 4;
         for (int k = 0; k < kTile; k += 8) {
-          const FragA fo = load_frag_a<kP>([&](int r, int e) { return tile_do[(R0 + r) * lds + e]; }, k);
+          const FragA fo = load_frag_a<kP>([&](int r, int e) { return to_float(tile_do[(R0 + r) * ldo + e]); }, k);
           const FragA fl = load_frag_a<kP>([&](int r, int e) { return tile_delta[(R0 + r) * lds + e]; }, k);
           const FragA fd = load_frag_a<kP>([&](int r, int e) { return tile_dd[(R0 + r) * lds + e]; }, k);
 #pragma unroll
