@@ -45,9 +45,9 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   const int Vp = DpConfig::padded(V), ldv = DpConfig::ld_v(V), ldp = DpConfig::ld_p(C);
   const int ldo = DpConfig::ld_o<DoT>(V);
   extern __shared__ __align__(16) float smem[];
-  DoT* d_o = reinterpret_cast<DoT*>(smem);                        // [C, ldo]
-  float* delta = smem + DpConfig::d_o_floats<DoT>(C, V);          // [C, ldv]
-  float* P = delta + C * ldv;                                     // [C, ldp]
+  DoT* d_o = reinterpret_cast<DoT*>(smem);                // [C, ldo]
+  float* delta = smem + DpConfig::d_o_floats<DoT>(C, V);  // [C, ldv]
+  float* P = delta + C * ldv;                             // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   // Rows past the chunk's end and columns past V are zero.

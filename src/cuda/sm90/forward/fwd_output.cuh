@@ -49,9 +49,9 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   using Op = Operand<kP>;
   const int Kp = OutputConfig::padded(K), ldq = OutputConfig::ld_a<Op>(K), ldp = OutputConfig::ld_a<Stored>(C);
   extern __shared__ __align__(16) float smem[];
-  Op* qu = reinterpret_cast<Op*>(smem);           // [C, ldq]
-  Stored* h = reinterpret_cast<Stored*>(qu + C * ldq);  // [Kp, kLdB]
-  Stored* P = h + Kp * kLdB;                      // [C, ldp]
+  Op* qu = reinterpret_cast<Op*>(smem);                  // [C, ldq]
+  Stored* h = reinterpret_cast<Stored*>(qu + C * ldq);   // [Kp, kLdB]
+  Stored* P = h + Kp * kLdB;                             // [C, ldp]
   float* delta = reinterpret_cast<float*>(P + C * ldp);  // [C, kLdB]
   const int warp = threadIdx.x / 32;
   const bool paired = pairs_aligned(p.o, p.o_dtype, V);
