@@ -1,6 +1,7 @@
 #include "core/problem.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "core/carver.hpp"
 #include "core/error.hpp"
@@ -153,6 +154,17 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
                                     << dtype_name(p.k.dtype);
   p.input_dtype = p.q.dtype;
   p.fp64 = p.q.dtype == DType::kF64;
+  // Inputs other than float64 are computed in float32: a scale or lower_bound past its range would
+  // turn into an infinity there, and the outputs into NaN.
+  if (!p.fp64) {
+    constexpr double kFloatMax = std::numeric_limits<float>::max();
+    FKT_CHECK(std::fabs(opt.scale) <= kFloatMax)
+        << "scale: expected a value within float32's range (|scale| <= 3.4e38), which " << dtype_name(p.q.dtype)
+        << " inputs are computed in; got " << opt.scale;
+    FKT_CHECK(!opt.has_lower_bound || std::fabs(opt.lower_bound) <= kFloatMax)
+        << "lower_bound: expected a value within float32's range (|lower_bound| <= 3.4e38), which "
+        << dtype_name(p.q.dtype) << " inputs are computed in; got " << opt.lower_bound;
+  }
 
   p.device = in.q->device;
   FKT_CHECK(p.device.device_type == FKT_DEVICE_CPU || p.device.device_type == FKT_DEVICE_CUDA)

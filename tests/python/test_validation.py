@@ -54,6 +54,10 @@ CASES = [
     (lambda: call(use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(2, 15)),
      r"dt_bias: expected a contiguous tensor of HV \* K = 32 elements, got shape \[2, 15\]"),
     (lambda: call(chunk_size=16), r"chunk_size: must be either 32 or 64, got 16"),
+    (lambda: call(use_gate_in_kernel=True, lower_bound=-1e300),
+     r"lower_bound: expected a value within float32's range \(\|lower_bound\| <= 3.4e38\), which float32 inputs "
+     r"are computed in; got -1e\+300"),
+    (lambda: call(scale=1e39), r"scale: expected a value within float32's range .* got 1e\+39"),
     (lambda: call(allow_neg_eigval=True), r"allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True"),
     (lambda: call(backend="tpu"), r"backend: expected one of"),
     (lambda: call(backend="cuda"), r"backend: the CUDA backend was requested but the tensors are on cpu"),
