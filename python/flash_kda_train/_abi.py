@@ -122,6 +122,16 @@ class Framework:
         raise NotImplementedError
 
 
+def check_unmodified(inputs: Inputs, versions_before: tuple, versions_now: tuple) -> None:
+    """The paired backward's guard: each input's in-place version counter as at the forward (None
+    where a framework keeps none), since the context keeps the inputs by reference."""
+    for name, before, now in zip(inputs._fields, versions_before, versions_now):
+        if before != now:
+            raise RuntimeError(f"backward: {name} was modified in place after forward (version {before} -> {now}); "
+                               f"the context keeps the inputs by reference, so the gradients would be those of "
+                               f"other inputs")
+
+
 def host_offsets(fw: Framework, cu_seqlens, cu_seqlens_cpu):
     """``cu_seqlens_cpu`` as the planner reads it: the one given, else a host copy of device offsets
     (one device-to-host copy), else None (cu_seqlens itself lives on the host)."""

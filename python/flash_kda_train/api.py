@@ -177,11 +177,7 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     if dht is not None and not context.output_final_state:
         raise ValueError("dht: given, but the forward ran with output_final_state=False (no final state to "
                          "differentiate)")
-    for name, before, now in zip(context.inputs._fields, context.versions, _versions(context.inputs)):
-        if before != now:
-            raise RuntimeError(f"backward: {name} was modified in place after forward (version {before} -> {now}); "
-                               f"the context keeps the inputs by reference, so the gradients would be those of "
-                               f"other inputs")
+    _abi.check_unmodified(context.inputs, context.versions, _versions(context.inputs))
     with torch.no_grad():
         return _core.backward(context.config, context.inputs, do.detach(),
                               dht.detach() if dht is not None else None, context.saved)

@@ -152,13 +152,21 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
         inputs = _abi.Inputs(*(_contiguous(t.detach()) if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
         o, final_state, _, saved = _abi.forward(PADDLE, cfg, inputs, output_final_state)
-    return o, final_state, (cfg, inputs, saved)
+    return o, final_state, (cfg, inputs, saved, _versions(inputs))
+
+
+def _versions(inputs: _abi.Inputs) -> tuple:
+    """In-place version counters of the inputs (None for absent ones); a detached tensor shares its
+    source's, as in PyTorch."""
+    return tuple(t._inplace_version() if t is not None else None for t in inputs)
 
 
 def backward(context, do, dht=None) -> _abi.Grads:
     """Gradients of ``forward``'s inputs given ``do`` (and ``dht`` for the final state, or None):
-    a ``Grads`` named tuple (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0; None where absent)."""
-    cfg, inputs, saved = context
+    a ``Grads`` named tuple (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0; None where absent).
+    Raises RuntimeError when an input was modified in place since ``forward``."""
+    cfg, inputs, saved, versions = context
+    _abi.check_unmodified(inputs, versions, _versions(inputs))
     with paddle.no_grad():
         return _abi.backward(PADDLE, cfg, inputs, _contiguous(do.detach()),
                              _contiguous(dht.detach()) if dht is not None else None, saved)

@@ -59,6 +59,16 @@ def run_case(case, arrays, results):
         else:
             results[f"{name}/error"] = np.array("no error")
         return
+    if mode == "pair-modified":
+        _, _, context = forward(*positional, **keywords, **kwargs)
+        tensors["q"].add_(paddle.ones_like(tensors["q"]))
+        try:
+            backward(context, tensors["do"])
+        except RuntimeError as e:
+            results[f"{name}/error"] = np.array(f"{type(e).__name__}: {e}")
+        else:
+            results[f"{name}/error"] = np.array("no error")
+        return
     if mode == "intermediate":
         with paddle.no_grad():
             o, final_state, h = chunk_kda(*positional, **keywords, **kwargs)

@@ -1,7 +1,8 @@
 """flash_kda_train.paddle.chunk_kda (a PyLayer over the same C ABI) against the PyTorch path on
 the CPU backend: outputs and every gradient bitwise equal, for several configurations (in-kernel
 gates, GVA, varlen, half precision, both state layouts, strided inputs, inputs without gradient),
-plus the explicit forward/backward pair, intermediate states and argument errors.
+plus the explicit forward/backward pair (and its guard against inputs modified in place between the
+two calls), intermediate states and argument errors.
 
 Paddle runs in a subprocess (paddle_worker.py) in which torch cannot be imported: the torch side
 is computed here, the inputs go to the worker as exactly representable float32 arrays."""
@@ -84,6 +85,7 @@ CASES = [
           output_final_state=True),
     _case("bf16-intermediate-states", T=70, dtype="bfloat16", mode="intermediate", output_final_state=True,
           chunk_size=32, return_intermediate_states=True),
+    _case("pair-input-modified", T=20, mode="pair-modified", no_grad=("q",)),
     _case("error-chunk-size", T=20, mode="error", chunk_size=48),
     _case("error-state-dtype", T=20, mode="error", dtype="bfloat16", gate="pre"),
 ]
@@ -106,6 +108,12 @@ def _torch_run(case):
         with torch.inference_mode():
             o, final_state, h = chunk_kda(*positional, **keywords, **kwargs)
         return dict(o=o, final_state=final_state, h=h)
+    if mode == "pair-modified":  # q changed in place between the pair's calls
+        _, _, context = flash_kda_train.forward(*positional, **keywords, **kwargs)
+        leaves["q"].add_(1.0)
+        with pytest.raises(RuntimeError) as error:
+            flash_kda_train.backward(context, leaves["do"])
+        return {"error": f"{error.type.__name__}: {error.value}"}
     if mode == "pair":
         o, final_state, context = flash_kda_train.forward(*positional, **keywords, **kwargs)
         grads = flash_kda_train.backward(context, leaves["do"], leaves.get("dht"))
@@ -156,7 +164,7 @@ def test_paddle_path_imports_no_torch(paddle_results):
 def test_paddle_equals_torch(case, paddle_results):
     ours = {k.split("/", 1)[1]: v for k, v in paddle_results.items() if k.startswith(case["name"] + "/")}
     reference = _torch_run(case)
-    if case["mode"] == "error":
+    if case["mode"] in ("error", "pair-modified"):
         assert ours["error"].item() == reference["error"]
         return
     expected = {k: _array(v) for k, v in reference.items() if v is not None}
