@@ -15,14 +15,17 @@ class Carver {
 
   explicit Carver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
 
+  // bytes rounded up to kAlign: where the next carved array starts.
+  static constexpr size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
   template <typename T>
   T* take(int64_t count) {
-    offset_ = (offset_ + kAlign - 1) / kAlign * kAlign;
+    offset_ = aligned(offset_);
     T* result = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
     offset_ += static_cast<size_t>(count) * sizeof(T);
     return result;
   }
-  size_t bytes() const { return (offset_ + kAlign - 1) / kAlign * kAlign; }
+  size_t bytes() const { return aligned(offset_); }
 
  private:
   char* base_;

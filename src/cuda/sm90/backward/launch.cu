@@ -155,7 +155,7 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
          dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes<float>(p.chunk, p.V), s, params.bwd);
   launch(cp_backward_summary_kernel, cp_summary_grid(p), 2 * StateConfig::kThreads,
-         BwdStateLayout::bytes(p.chunk, p.K, sizeof(Operand<kSummaryProducts>)), s, params);
+         BwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kSummaryProducts)), s, params);
 }
 
 }  // namespace fkt::cuda

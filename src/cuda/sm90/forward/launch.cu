@@ -134,7 +134,7 @@ void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);
   const DeviceGuard device(p.device.device_id);
   launch(cp_forward_summary_kernel, cp_summary_grid(p), StateConfig::kThreads,
-         FwdStateLayout::bytes(p.chunk, p.K, sizeof(Operand<kSummaryProducts>)),
+         FwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kSummaryProducts)),
          static_cast<cudaStream_t>(stream), params);
 }
 
