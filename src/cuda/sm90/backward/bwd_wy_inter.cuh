@@ -169,9 +169,23 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   const bool qk_vector = vector && reinterpret_cast<uintptr_t>(f.q) % (4 * qk_bytes) == 0 &&
                          reinterpret_cast<uintptr_t>(f.k) % (4 * qk_bytes) == 0;
   auto qk_row = [&](int r) { return (c.first_row + r) * f.H + qk_head; };
+  // kTf32 runs for bf16 inputs only (products_for), so q and k are bf16 there: typed loads.
   auto hat4 = [&](const void* x, const float* scale, int r, int d, int n) {
     if (n <= 0) return float4{0.f, 0.f, 0.f, 0.f};
-    const float4 v = load_first(x, f.qk_dtype, qk_row(r) * K + d, n, qk_vector);
+    const int64_t at = qk_row(r) * K + d;
+    float4 v;
+    if constexpr (kP == Products::kTf32) {
+      if (qk_vector && n >= 4) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(x) + at);
+        const float2 lo = load2(reinterpret_cast<const __nv_bfloat16*>(&raw.x));
+        const float2 hi = load2(reinterpret_cast<const __nv_bfloat16*>(&raw.y));
+        v = float4{lo.x, lo.y, hi.x, hi.y};
+      } else {
+        v = load_first(x, DType::kBF16, at, n, false);
+      }
+    } else {
+      v = load_first(x, f.qk_dtype, at, n, qk_vector);
+    }
     if (scale == nullptr) return v;
     const float s = scale[qk_row(r)];
     return map4([&](float e) { return e * s; }, v);
@@ -266,9 +280,11 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   };
   for (int x = tid; x < kRowGroups * K; x += nthreads) {
     const int d = x % K, group = x / K;
-    rows_part[group * K + d] = f.qk_dtype == DType::kBF16  ? row_sum(__nv_bfloat16{}, group, d)
-                               : f.qk_dtype == DType::kF16 ? row_sum(__half{}, group, d)
-                                                           : row_sum(float{}, group, d);
+    if constexpr (kP == Products::kTf32) {
+      rows_part[group * K + d] = row_sum(__nv_bfloat16{}, group, d);
+    } else {
+      rows_part[group * K + d] = f.qk_dtype == DType::kF16 ? row_sum(__half{}, group, d) : row_sum(float{}, group, d);
+    }
   }
   __syncthreads();
   for (int d = tid; d < K; d += nthreads) {
