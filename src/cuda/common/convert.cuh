@@ -29,6 +29,28 @@ __device__ __forceinline__ float load_float(const void* base, DType dtype, int64
   }
 }
 
+// The first `count` elements from element i of a bf16, fp16 or fp32 row as fp32 (the others read as
+// zero): one 4-element load when `vector` (element i and the row's base 4-element aligned) and
+// count >= 4, else one load per element.
+__device__ __forceinline__ float4 load_first(const void* base, DType dtype, int64_t i, int count, bool vector) {
+  if (vector && count >= 4) {
+    if (dtype == DType::kF32) return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const char*>(base) + 2 * i);
+    if (dtype == DType::kBF16) {
+      const auto* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+      return {to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3])};
+    }
+    const auto* e = reinterpret_cast<const __half*>(&raw);
+    return {to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3])};
+  }
+  float e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j < count) e[j] = load_float(base, dtype, i + j);
+  }
+  return {e[0], e[1], e[2], e[3]};
+}
+
 }  // namespace fkt::cuda
 
 namespace fkt::cuda {

@@ -70,11 +70,30 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
   // Rows past the chunk's end and columns past K are zero; so are dP above and dA on and above
   // the diagonal (as B1 and B3 store them).
   const int64_t stride_k = static_cast<int64_t>(f.HV) * K, stride_c = static_cast<int64_t>(f.HV) * C;
-  copy_rows_async(q, ldk, f.ws.q_hat + row_at(0) * K, stride_k, C, Kp, l, K);
-  copy_rows_async(k, ldk, f.ws.k_hat + row_at(0) * K, stride_k, C, Kp, l, K);
   copy_rows_async(dP, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
   copy_rows_async(dA, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
   copy_rows_async(g, ldk, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  // q_hat, k_hat as F2 forms them (forward/workspace.hpp): q and k of the value head's query/key
+  // head as given, widened below and times the row scales of l2norm. 16-bit rows go through the
+  // scratch tiles (free until the tasks; 2 x 64 x 136 x 2 bytes at most, under their 36 KB).
+  const int qk_head = head / (f.HV / f.H), ld16 = Kp + 8;
+  const int64_t stride_qk = static_cast<int64_t>(f.H) * K, qk_first = (c.first_row * f.H + qk_head) * K;
+  auto with_qk_type = [&](auto body) {
+    if (f.qk_dtype == DType::kBF16) return body(__nv_bfloat16{});
+    if (f.qk_dtype == DType::kF16) return body(__half{});
+    body(float{});
+  };
+  with_qk_type([&](auto element) {
+    using T = decltype(element);
+    if constexpr (sizeof(T) == 2) {
+      T* staged = reinterpret_cast<T*>(scratch);
+      copy_rows16_async(staged, ld16, static_cast<const T*>(f.q) + qk_first, stride_qk, C, Kp, l, K);
+      copy_rows16_async(staged + C * ld16, ld16, static_cast<const T*>(f.k) + qk_first, stride_qk, C, Kp, l, K);
+    } else {
+      copy_rows_async(q, ldk, static_cast<const float*>(f.q) + qk_first, stride_qk, C, Kp, l, K);
+      copy_rows_async(k, ldk, static_cast<const float*>(f.k) + qk_first, stride_qk, C, Kp, l, K);
+    }
+  });
   cp_async_commit();
   // B3's partials, read back at the end of every task: asked into L2 now.
   prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, 4 * K);
@@ -84,6 +103,24 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
   cp_async_wait<0>();
   __syncthreads();
   to_log2_units(g, C, Kp, ldk);
+  with_qk_type([&](auto element) {
+    using T = decltype(element);
+    if (sizeof(T) == 4 && f.ws.scale_q == nullptr) return;
+    const T* staged = reinterpret_cast<const T*>(scratch);
+    for (int x = tid; x < C * Kp; x += nthreads) {
+      const int r = x / Kp, d = x % Kp;
+      const bool scaled = f.ws.scale_q != nullptr && r < l;
+      const int64_t row = (c.first_row + r) * f.H + qk_head;
+      const float sq = scaled ? f.ws.scale_q[row] : 1.f, sk = scaled ? f.ws.scale_k[row] : 1.f;
+      if constexpr (sizeof(T) == 2) {
+        q[r * ldk + d] = to_float(staged[r * ld16 + d]) * sq;
+        k[r * ldk + d] = to_float(staged[(C + r) * ld16 + d]) * sk;
+      } else {
+        q[r * ldk + d] *= sq;
+        k[r * ldk + d] *= sk;
+      }
+    }
+  });
   __syncthreads();
 
   const int groups = Kp / kCols;

@@ -163,6 +163,33 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   const int64_t last = row_at(l - 1) * K;
   const int cells = Kp / 4;
   const bool vector = K % 4 == 0;
+  // q_hat and k_hat as F2 forms them (forward/workspace.hpp): q and k of the value head's query/key
+  // head as given, times the row scales of l2norm; rows past the chunk's end read as zero.
+  const int qk_head = head / (f.HV / f.H), qk_bytes = element_bytes(f.qk_dtype);
+  const bool qk_vector = vector && reinterpret_cast<uintptr_t>(f.q) % (4 * qk_bytes) == 0 &&
+                         reinterpret_cast<uintptr_t>(f.k) % (4 * qk_bytes) == 0;
+  auto qk_row = [&](int r) { return (c.first_row + r) * f.H + qk_head; };
+  // kTf32 runs for bf16 inputs only (products_for), so q and k are bf16 there: typed loads.
+  auto hat4 = [&](const void* x, const float* scale, int r, int d, int n) {
+    if (n <= 0) return float4{0.f, 0.f, 0.f, 0.f};
+    const int64_t at = qk_row(r) * K + d;
+    float4 v;
+    if constexpr (kP == Products::kTf32) {
+      if (qk_vector && n >= 4) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(x) + at);
+        const float2 lo = load2(reinterpret_cast<const __nv_bfloat16*>(&raw.x));
+        const float2 hi = load2(reinterpret_cast<const __nv_bfloat16*>(&raw.y));
+        v = float4{lo.x, lo.y, hi.x, hi.y};
+      } else {
+        v = load_first(x, DType::kBF16, at, n, false);
+      }
+    } else {
+      v = load_first(x, f.qk_dtype, at, n, qk_vector);
+    }
+    if (scale == nullptr) return v;
+    const float s = scale[qk_row(r)];
+    return map4([&](float e) { return e * s; }, v);
+  };
   struct Rows4 {
     float4 a, b, c, d;
   };
@@ -172,7 +199,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
         const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
         const int64_t at = row_at(r) * K + d;
         return Rows4{load_first(gamma + at, n, vector), load_first(gamma + last + d, n, vector),
-                     load_first(f.ws.q_hat + at, n, vector), load_first(f.ws.k_hat + at, n, vector)};
+                     hat4(f.q, f.ws.scale_q, r, d, n), hat4(f.k, f.ws.scale_k, r, d, n)};
       },
       [&](int x, Rows4 v) {
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
@@ -241,11 +268,23 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // The last row's dgamma gets the gamma_L terms: sum_r k_hat[r, d] dk_inter[r, d], rows split over
   // kRowGroups thread groups (loads in flight together), the groups summed in a fixed order below.
   constexpr int kRowGroups = WyInterConfig::kRowGroups;
+  // The dtype is chosen outside the row loop, whose loads then go out together.
+  auto row_sum = [&](auto element, int group, int d) {
+    const auto* k_in = static_cast<const decltype(element)*>(f.k);
+    float acc = 0.f;
+    for (int r = group; r < l; r += kRowGroups) {
+      const float k_hat = to_float(k_in[qk_row(r) * K + d]);
+      acc += (f.ws.scale_k != nullptr ? k_hat * f.ws.scale_k[qk_row(r)] : k_hat) * B1[r * ldb + d];
+    }
+    return acc;
+  };
   for (int x = tid; x < kRowGroups * K; x += nthreads) {
     const int d = x % K, group = x / K;
-    float acc = 0.f;
-    for (int r = group; r < l; r += kRowGroups) acc += f.ws.k_hat[row_at(r) * K + d] * B1[r * ldb + d];
-    rows_part[group * K + d] = acc;
+    if constexpr (kP == Products::kTf32) {
+      rows_part[group * K + d] = row_sum(__nv_bfloat16{}, group, d);
+    } else {
+      rows_part[group * K + d] = f.qk_dtype == DType::kF16 ? row_sum(__half{}, group, d) : row_sum(float{}, group, d);
+    }
   }
   __syncthreads();
   for (int d = tid; d < K; d += nthreads) {
@@ -262,7 +301,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
         const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
         const int64_t at = row_at(r) * K + d;
         return Rows4{load_first(gamma + at, n, vector), float4{n > 0 ? f.ws.beta_act[row_at(r)] : 0.f},
-                     load_first(f.ws.k_hat + at, n, vector), load_first(p.ws.dgamma + at, n, vector)};
+                     hat4(f.k, f.ws.scale_k, r, d, n), load_first(p.ws.dgamma + at, n, vector)};
       },
       [&](int x, Rows4 v) {
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;

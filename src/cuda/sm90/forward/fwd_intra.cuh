@@ -218,14 +218,16 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   row_scales(k, l, C, K, ldk, p.l2norm, scale_k);
   __syncthreads();
   const bool vector = K % 4 == 0;  // aligned global rows of K floats (of K bf16 operands: 8 bytes)
-  if (p.ws.q_hat != nullptr) {  // the backward's recompute keeps what its stages read again
-    float* q_hat = p.ws.q_hat + row_at(0) * K;
-    float* k_hat = p.ws.k_hat + row_at(0) * K;
-    for_each_cell<4>(l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int) {
-      store_first(q_hat + at, q4(r, d), K - d, vector);
-      store_first(k_hat + at, k4(r, d), K - d, vector);
-    });
+  if (p.ws.beta_act != nullptr) {  // the backward's recompute keeps what its stages read again
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];
+    // The row scales, by the first value head of each query/key head (the others compute the same).
+    if (p.ws.scale_q != nullptr && head % (p.HV / p.H) == 0) {
+      for (int r = tid; r < l; r += nthreads) {
+        const int64_t at = (c.first_row + r) * p.H + qk_head;
+        p.ws.scale_q[at] = scale_q[r];
+        p.ws.scale_k[at] = scale_k[r];
+      }
+    }
   }
 
   // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal

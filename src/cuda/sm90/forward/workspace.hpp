@@ -34,8 +34,10 @@ struct ForwardWorkspace {
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
   // For the backward (B0's recompute, or a forward with keep_forward); nullptr otherwise:
   float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
-  float* q_hat;            // [B*T, HV, K] q as the value head reads it (l2-normalised when requested)
-  float* k_hat;            // [B*T, HV, K]
+  // q_hat = q * scale_q and k_hat = k * scale_k, formed by the backward's stages from q and k as
+  // F2 forms them: the row scales of use_qk_l2norm_in_kernel, nullptr without it (scale 1).
+  float* scale_q;          // [B*T, H] per (token, query/key head)
+  float* scale_k;          // [B*T, H]
   float* beta_act;         // [B*T, HV] activated beta
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
@@ -65,8 +67,10 @@ struct ForwardWorkspace {
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
       w.T = m.take<float>(rows * p.chunk);
-      w.q_hat = m.take<float>(rows * p.K);
-      w.k_hat = m.take<float>(rows * p.K);
+      if (p.l2norm) {
+        w.scale_q = m.take<float>(p.B * p.T * p.H);
+        w.scale_k = m.take<float>(p.B * p.T * p.H);
+      }
       w.beta_act = m.take<float>(rows);
     }
     return w;
