@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include "core/tensor.hpp"
+#include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
 
@@ -86,10 +87,11 @@ __device__ __forceinline__ FragB frag_b_k_rows(const float* b, int ld, int k0) {
 }
 
 // B fragment of the k-step at k0 from n rows: b at the 8-column tile's first column of row 0 (k).
-template <Products kP>
-__device__ __forceinline__ FragB frag_b_n_rows(const float* b, int ld, int k0) {
+template <Products kP, typename T>
+__device__ __forceinline__ FragB frag_b_n_rows(const T* b, int ld, int k0) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  return {stored_operand<kP>(b[(k0 + 2 * t) * ld + g]), stored_operand<kP>(b[(k0 + 2 * t + 1) * ld + g])};
+  return {stored_operand<kP>(to_float(b[(k0 + 2 * t) * ld + g])),
+          stored_operand<kP>(to_float(b[(k0 + 2 * t + 1) * ld + g]))};
 }
 
 }  // namespace fkt::cuda

@@ -135,30 +135,27 @@ inline dim3 state_pass_grid(const Problem& p) {
 // The state passes' residency (Residency in forward/state_config.hpp), the one place where it becomes
 // their kernels' template argument: calls f(Residency<threads, blocks per SM>{}). A grid that the
 // SMs hold one block each runs blocks of 16 warps (two per 16 state rows: more products in flight);
-// a larger one blocks of 8 warps, two per SM, or, for fwd_state with bf16 operands (72 KB of shared
-// memory) and more blocks than two per SM hold, three (80 registers a thread: 65536 / 768, allocated
-// by 8). bwd_state with fp32 operands (kSplit3, 149 KB) runs one block of 16 warps per SM whatever
-// the grid.
-enum class StatePass { kForward, kBackward };
-
-template <StatePass kPass, Products kP, typename F>
-void with_state_residency(const Problem& p, F f) {
+// a larger one blocks of 8 warps, as many per SM as the SM's shared memory holds of `smem_bytes`
+// each: two, or, with bf16 operands and more blocks than two per SM hold, three (80 registers a
+// thread: 65536 / 768, allocated by 8; fwd_state 72 KB, bwd_state 73.5 KB with a bf16 dO). Where
+// one block alone fits (bwd_state with fp32 operands, 141 KB), one block of 16 warps per SM.
+template <Products kP, typename F>
+void with_state_residency(const Problem& p, size_t smem_bytes, F f) {
   constexpr int kNarrow = StateConfig::kThreads, kWide = 2 * StateConfig::kThreads;
-  constexpr bool kBf16 = kP == Products::kTf32;
-  int sms = 0;
+  int sms = 0, smem_per_sm = 0, reserved = 0;
   FKT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.device_id));
+  FKT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device.device_id));
+  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, p.device.device_id));
   const dim3 grid = state_pass_grid(p);
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
+  const size_t fit = static_cast<size_t>(smem_per_sm) / (smem_bytes + static_cast<size_t>(reserved));
   if (blocks <= sms) return f(Residency<kWide, 1>{});
-  if constexpr (kPass == StatePass::kBackward) {
-    if constexpr (kBf16) f(Residency<kNarrow, 2>{});
-    else f(Residency<kWide, 1>{});
-  } else {
-    if constexpr (kBf16) {
-      if (blocks > 2 * static_cast<int64_t>(sms)) return f(Residency<kNarrow, 3>{});
-    }
-    f(Residency<kNarrow, 2>{});
+  if constexpr (kP == Products::kTf32) {
+    if (fit >= 3 && blocks > 2 * static_cast<int64_t>(sms)) return f(Residency<kNarrow, 3>{});
   }
+  if (fit >= 2) return f(Residency<kNarrow, 2>{});
+  f(Residency<kWide, 1>{});
 }
 
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened

@@ -100,12 +100,16 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
         });
       });
     });
-    with_state_residency<StatePass::kBackward, kP>(p, [&](auto residency) {
-      using R = decltype(residency);
-      with_dims<kP>(p, [&](auto dims) {
-        const auto kernel = bwd_state_kernel<kP, R, decltype(dims)>;
-        if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-        launch(kernel, state_pass_grid(p), R::threads, BwdStateLayout::bytes(C, K, operand_bytes(kP)), s, params);
+    with_d_o_storage<kP>(params.d_o_dtype, [&](auto d_o) {
+      using DoT = decltype(d_o);
+      const size_t smem = BwdStateLayout::bytes(C, K, operand_bytes(kP), sizeof(DoT));
+      with_state_residency<kP>(p, smem, [&](auto residency) {
+        using R = decltype(residency);
+        with_dims<kP>(p, [&](auto dims) {
+          const auto kernel = bwd_state_kernel<kP, R, decltype(dims), DoT>;
+          if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+          launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
+        });
       });
     });
     with_dims<kP>(p, [&](auto dims) {
@@ -160,7 +164,7 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
          dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
          DpConfig::kThreads, DpConfig::smem_bytes<float, float>(p.chunk, p.V), s, params.bwd);
   launch(cp_backward_summary_kernel, cp_summary_grid(p), 2 * StateConfig::kThreads,
-         BwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kSummaryProducts)), s, params);
+         BwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kSummaryProducts), sizeof(float)), s, params);
 }
 
 }  // namespace fkt::cuda

@@ -92,12 +92,13 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     constexpr int kOperandBytes = operand_bytes(kP);
-    with_state_residency<StatePass::kForward, kP>(p, [&](auto residency) {
+    const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes);
+    with_state_residency<kP>(p, smem, [&](auto residency) {
       using R = decltype(residency);
       with_dims<kP>(p, [&](auto dims) {
         const auto kernel = fwd_state_kernel<kP, R, decltype(dims)>;
         if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-        launch(kernel, state_pass_grid(p), R::threads, FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes), s, params);
+        launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
       });
     });
     if (params.o == nullptr) return;

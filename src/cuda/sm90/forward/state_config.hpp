@@ -65,26 +65,31 @@ struct FwdStateLayout {
   }
 };
 
-// bwd_state, offsets in floats: K_down [C, ld_operand] of `bytes` each, the intra d_delta
-// [C, kLdTile], the total d_delta^T [kTileV, ld_k_rows(C)], dS^T [kTileV, ld_k_rows(K)] (mirrored
-// from registers), Q_up and W [C, ld_operand] of `bytes` each, s * dO [C, ld_mn_rows(kTileV)],
-// gamma_L [Kp].
+// bwd_state, offsets in floats: K_down [C, ld_operand] of `operand_bytes` each, dS^T [kTileV,
+// ld_k_rows(K)] (mirrored from registers), whose room then takes the total d_delta^T [kTileV,
+// ld_k_rows(C)], Q_up and W [C, ld_operand], dO [C, ld_d_o] of `d_o_bytes` each, gamma_L [Kp].
+// With bf16 operands and dO, 73.5 KB for C = 64, K = 128: three blocks per SM.
 struct BwdStateLayout {
-  int kd, dd_intra, dd, ds, qu, w, d_o, g_last, floats;
-  __host__ __device__ BwdStateLayout(int C, int K, int operand_bytes) {
+  int kd, ds, qu, w, d_o, g_last, floats;
+  // dO rows: fp32 4 (mod 32) floats, 16-bit 8 (mod 32) elements (two lanes per word); 16-byte
+  // multiples either way (cp.async).
+  __host__ __device__ static int ld_d_o(int d_o_bytes) {
+    return d_o_bytes == 2 ? StateConfig::kTileV + 8 : StateConfig::ld_mn_rows(StateConfig::kTileV);
+  }
+  __host__ __device__ BwdStateLayout(int C, int K, int operand_bytes, int d_o_bytes) {
     constexpr int kTile = StateConfig::kTileV;
+    const int mirror = StateConfig::ld_k_rows(K) > StateConfig::ld_k_rows(C) ? StateConfig::ld_k_rows(K)
+                                                                              : StateConfig::ld_k_rows(C);
     kd = 0;
-    dd_intra = kd + StateConfig::operand_floats(C, K, operand_bytes, true);
-    dd = dd_intra + C * StateConfig::kLdTile;
-    ds = dd + kTile * StateConfig::ld_k_rows(C);
-    qu = ds + kTile * StateConfig::ld_k_rows(K);
+    ds = kd + StateConfig::operand_floats(C, K, operand_bytes, true);
+    qu = ds + kTile * mirror;
     w = qu + StateConfig::operand_floats(C, K, operand_bytes, false);
     d_o = w + StateConfig::operand_floats(C, K, operand_bytes, false);
-    g_last = d_o + C * StateConfig::ld_mn_rows(kTile);
+    g_last = d_o + C * ld_d_o(d_o_bytes) * d_o_bytes / 4;
     floats = g_last + StateConfig::padded(K);
   }
-  static size_t bytes(int C, int K, int operand_bytes) {
-    return sizeof(float) * BwdStateLayout(C, K, operand_bytes).floats;
+  static size_t bytes(int C, int K, int operand_bytes, int d_o_bytes) {
+    return sizeof(float) * BwdStateLayout(C, K, operand_bytes, d_o_bytes).floats;
   }
 };
 
