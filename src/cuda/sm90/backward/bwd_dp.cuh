@@ -24,22 +24,20 @@ struct DpConfig {
   __host__ __device__ static int ld_o(int V) {
     return sizeof(DoT) == 2 ? round_up<64>(V) + 8 : ld_v(V);
   }
-  // Shared memory: dO [C, ld_o] of DoT (a multiple of 16 bytes: C is a multiple of 16), fp32 delta
-  // [C, ld_v], then P [C, ld_p] of PT (16-bit rows of ld_p are 16-byte multiples too, and their
-  // transposed reads, two lanes per word, stay free of bank conflicts).
+  // Shared memory: dO [C, ld_o] of DoT (a multiple of 16 bytes: C is a multiple of 16), then fp32
+  // delta [C, ld_v] and P [C, ld_p].
   template <typename DoT>
   __host__ __device__ static int d_o_floats(int C, int V) {
     return C * ld_o<DoT>(V) * static_cast<int>(sizeof(DoT)) / 4;
   }
-  template <typename DoT, typename PT>
+  template <typename DoT>
   static size_t smem_bytes(int C, int V) {
-    return sizeof(float) * (d_o_floats<DoT>(C, V) + C * ld_v(V)) + sizeof(PT) * C * ld_p(C);
+    return sizeof(float) * (d_o_floats<DoT>(C, V) + C * ld_v(V) + C * ld_p(C));
   }
 };
 
-// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32. PT: P's element
-// type (with_p_states_storage), kept so in shared memory.
-template <Products kP, typename Dims, typename DoT, typename PT>
+// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
+template <Products kP, typename Dims, typename DoT>
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
@@ -49,7 +47,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   extern __shared__ __align__(16) float smem[];
   DoT* d_o = reinterpret_cast<DoT*>(smem);                // [C, ldo]
   float* delta = smem + DpConfig::d_o_floats<DoT>(C, V);  // [C, ldv]
-  PT* P = reinterpret_cast<PT*>(delta + C * ldv);        // [C, ldp]
+  float* P = delta + C * ldv;                             // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   // Rows past the chunk's end and columns past V are zero.
@@ -58,7 +56,8 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   if constexpr (sizeof(DoT) == 2) {
     copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + row_at(0) * V, stride_v, C, Vp, l, V);
   }
-  copy_rows_async(P, ldp, static_cast<const PT*>(f.ws.P) + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
+  copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l,
+                  C);
   cp_async_commit();
   if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, row_at(0) * V, stride_v, C, Vp, l, V);
   cp_async_wait<0>();
@@ -77,13 +76,11 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     });
   }
   // P^T dO: warp tiles of 16 rows x 64 columns; row tile I reads P's rows r >= I (lower triangular).
-  // Both operands 16-bit: TF32 holds them exactly, no rounding.
-  constexpr bool kExact = sizeof(DoT) == 2 && sizeof(PT) == 2;
   const int halves = ceil_div(Vp, 64);
   for (int task = warp; task < C / 16 * halves; task += DpConfig::kWarps) {
     const int I0 = task / halves * 16, c0 = task % halves * 64;
     float acc[8][4] = {};
-    warp_mma<kP, 8, kExact>(acc, I0, C, [&](int i, int r) { return to_float(P[r * ldp + I0 + i]); },
+    warp_mma<kP, 8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },
                     [&](int r, int e) { return c0 + e < Vp ? to_float(d_o[r * ldo + c0 + e]) : 0.f; });
     for_each_acc(acc, [&](int i, int e, float x) {
       const int row = I0 + i, col = c0 + e;

@@ -30,8 +30,7 @@ struct WyInterConfig {
 struct WyInterLayout {
   int ldb, lds, ldt, ldv;
   int b0, b1, b2, region, carry, part, rows_part, dots, floats;
-  // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds] (16-bit S and
-  // dO take less of their room).
+  // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds].
   int s, ds, tile_do, tile_delta, tile_dd;
   // Later in the region: T [C, ldt], d_delta and v [C, ldv].
   int t, dd, v;
@@ -64,9 +63,8 @@ struct WyInterLayout {
   static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
 };
 
-// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32. ST: the element
-// type of the states (with_p_states_storage), kept so in shared memory.
-template <Products kP, typename Dims, typename DoT, typename ST>
+// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
+template <Products kP, typename Dims, typename DoT>
 __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kTile = WyInterConfig::kTileV;
   const ForwardParams& f = p.fwd;
@@ -97,11 +95,9 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
   // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T (accumulated over V-tiles in
   // registers), carry = rowsum(S * dS). Rows past the chunk's end and padding are zero.
   {
-    // 16-bit rows of S and dO: 8 (mod 64) elements, two lanes per word, free of bank conflicts too.
-    ST* S = reinterpret_cast<ST*>(smem + L.s);
+    float* S = smem + L.s;
     float* dS = smem + L.ds;
-    const int ld_s = sizeof(ST) == 2 ? kTile + 8 : lds;
-    auto state_operand = [](ST x) { return operand<kP, sizeof(ST) == 2>(to_float(x)); };  // bf16: exact
+    // 16-bit dO rows: 8 (mod 64) elements, two lanes per word, free of bank conflicts too.
     DoT* tile_do = reinterpret_cast<DoT*>(smem + L.tile_do);
     const int ldo = sizeof(DoT) == 2 ? kTile + 8 : lds;
     float* tile_delta = smem + L.tile_delta;
@@ -114,7 +110,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       const int width = min(kTile, V - e0);
       __syncthreads();
       const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
-      copy_rows_async(S, ld_s, static_cast<const ST*>(f.ws.states) + state + e0, V, Kp, kTile, K, width);
+      copy_rows_async(S, lds, static_cast<const float*>(f.ws.states) + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(dS, lds, p.ws.d_states + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
@@ -139,7 +135,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
           for (int n = 0; n < kN; ++n) {
             const int d = c0 + 8 * n + g;
             if (c0 + 8 * n >= Kp) break;
-            const SplitTf32 s0 = state_operand(S[d * ld_s + k + t]), s1 = state_operand(S[d * ld_s + k + t + 4]);
+            const SplitTf32 s0 = split_tf32<kP>(S[d * lds + k + t]), s1 = split_tf32<kP>(S[d * lds + k + t + 4]);
             mma_split<kP>(acc0[n], fo, s0, s1);
             mma_split<kP>(acc2[n], fd, s0, s1);
             mma_split<kP>(acc1[n], fl, split_tf32<kP>(dS[d * lds + k + t]), split_tf32<kP>(dS[d * lds + k + t + 4]));
@@ -148,7 +144,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
       }
       for (int d = tid; d < K; d += nthreads) {
         float acc = 0.f;
-        for (int e = 0; e < width; ++e) acc += to_float(S[d * ld_s + e]) * dS[d * lds + e];
+        for (int e = 0; e < width; ++e) acc += S[d * lds + e] * dS[d * lds + e];
         carry[d] += acc;
       }
     }

@@ -91,13 +91,10 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     with_dims<kP>(p, [&](auto dims) {
-      with_d_o_storage<kP>(params.d_o_dtype, [&](auto d_o) {
-        with_p_states_storage<kP>(params.fwd.ws.p_states_dtype, [&](auto p_states) {
-          using DoT = decltype(d_o);
-          using PT = decltype(p_states);
-          launch(bwd_dp_kernel<kP, decltype(dims), DoT, PT>, per_chunk, DpConfig::kThreads,
-                 DpConfig::smem_bytes<DoT, PT>(C, V), s, params);
-        });
+      with_d_o_storage<kP>(params.d_o_dtype, [&](auto stored) {
+        using DoT = decltype(stored);
+        launch(bwd_dp_kernel<kP, decltype(dims), DoT>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes<DoT>(C, V), s,
+               params);
       });
     });
     with_d_o_storage<kP>(params.d_o_dtype, [&](auto d_o) {
@@ -114,11 +111,9 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
     });
     with_dims<kP>(p, [&](auto dims) {
       using Dims = decltype(dims);
-      with_d_o_storage<kP>(params.d_o_dtype, [&](auto d_o) {
-        with_p_states_storage<kP>(params.fwd.ws.p_states_dtype, [&](auto states) {
-          launch(bwd_wy_inter_kernel<kP, Dims, decltype(d_o), decltype(states)>, per_chunk, WyInterConfig::kThreads,
-                 WyInterLayout::bytes(C, K, V), s, params);
-        });
+      with_d_o_storage<kP>(params.d_o_dtype, [&](auto stored) {
+        launch(bwd_wy_inter_kernel<kP, Dims, decltype(stored)>, per_chunk, WyInterConfig::kThreads,
+               WyInterLayout::bytes(C, K, V), s, params);
       });
       launch(bwd_intra_kernel<kP, Dims>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s,
              params);
@@ -160,9 +155,9 @@ void cp_backward_summary(const Problem& p, const fkt_tensor* d_o, int64_t sequen
   // B1 on zero new values, as the CPU summary runs it: the summary must not depend on the forward
   // from the true entering state, and B1's d_delta (P^T dO) does not; its dP comes out zero, unused.
   FKT_CUDA_CHECK(cudaMemsetAsync(params.bwd.fwd.ws.delta, 0, sizeof(float) * p.B * p.T * p.HV * p.V, s));
-  launch(bwd_dp_kernel<kSummaryProducts, RuntimeDims, float, float>,
+  launch(bwd_dp_kernel<kSummaryProducts, RuntimeDims, float>,
          dim3(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV)),
-         DpConfig::kThreads, DpConfig::smem_bytes<float, float>(p.chunk, p.V), s, params.bwd);
+         DpConfig::kThreads, DpConfig::smem_bytes<float>(p.chunk, p.V), s, params.bwd);
   launch(cp_backward_summary_kernel, cp_summary_grid(p), 2 * StateConfig::kThreads,
          BwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kSummaryProducts), sizeof(float)), s, params);
 }

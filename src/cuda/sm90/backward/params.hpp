@@ -18,8 +18,6 @@ struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3); in P's place
   float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
-  // fp32 even where the states are bf16: in bf16 it cost dA_log's cancellation (relative error
-  // 4.1e-4 -> 2.1e-3 at B4_T2048_H16, docs/design.md).
   float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
   float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4); in Q_up's place
   float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4); in W's place

@@ -103,13 +103,18 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
     });
     if (params.o == nullptr) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
-    with_p_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
+    const auto output = [&](auto stored) {
       using Stored = decltype(stored);
       with_dims<kP>(p, [&](auto dims) {
         launch(fwd_output_kernel<kP, Stored, decltype(dims)>, grid, OutputConfig::kThreads,
                OutputConfig::smem_bytes<Operand<kP>, Stored>(p.chunk, p.K), s, params);
       });
-    });
+    };
+    // bf16 P and states occur with bf16 operands only (ForwardWorkspace::carve).
+    if constexpr (kP == Products::kTf32) {
+      if (params.ws.p_states_dtype == DType::kBF16) return output(__nv_bfloat16{});
+    }
+    output(float{});
   });
 }
 

@@ -11,9 +11,9 @@ namespace fkt::cuda {
 
 struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay (F1)
-  // P and the states hold elements of p_states_dtype: bf16 for bf16 products, where F5, B1 and B3
-  // read them as TF32 operands (which hold bf16 exactly), else fp32. In the backward's layout P's
-  // region is sized for fp32 rows, which dA takes over.
+  // P and the states hold elements of p_states_dtype: bf16 in the forward's own layout for bf16
+  // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly), else fp32 (the
+  // backward's layout: B1 to B3 read them as fp32).
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
@@ -45,12 +45,13 @@ struct ForwardWorkspace {
   static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
-    // The forward's own layout with bf16 operands, where F5 is the last reader: Q_up in gamma's rows.
+    // The forward's own layout with bf16 operands, where F5 is the last reader: P and the states in
+    // bf16, Q_up in gamma's rows.
     const bool compact = !for_backward && operand_bytes == 2;
-    w.p_states_dtype = operand_bytes == 2 ? DType::kBF16 : DType::kF32;
-    const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
+    w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
+    const int64_t p_states_bytes = w.p_states_dtype == DType::kBF16 ? 2 : 4;
     w.gamma = m.take<float>(rows * p.K);
-    w.P = m.take<char>(rows * p.chunk * (for_backward ? static_cast<int64_t>(sizeof(float)) : p_states_bytes));
+    w.P = m.take<char>(rows * p.chunk * p_states_bytes);
     constexpr int64_t kAlign = Carver::kAlign;  // K_down's start, as every carved array's
     const int64_t operand = (rows * p.K * operand_bytes + kAlign - 1) / kAlign * kAlign;
     char* w_kd = m.take<char>(2 * operand);
