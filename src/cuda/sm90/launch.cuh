@@ -128,7 +128,7 @@ inline dim3 state_pass_grid(const Problem& p) {
 // a larger one blocks of 8 warps, as many per SM as the SM's shared memory holds of `smem_bytes`
 // each: two, or, with bf16 operands and more blocks than two per SM hold, three (80 registers a
 // thread: 65536 / 768, allocated by 8; fwd_state 72 KB, bwd_state 73.5 KB with a bf16 dO). Where
-// one block alone fits (bwd_state with fp32 operands, 141 KB), one block of 16 warps per SM.
+// one block alone fits (bwd_state with fp32 operands, 126.5 KB), one block of 16 warps per SM.
 template <Products kP, typename F>
 void with_state_residency(const Problem& p, size_t smem_bytes, F f) {
   constexpr int kNarrow = StateConfig::kThreads, kWide = 2 * StateConfig::kThreads;
