@@ -94,26 +94,4 @@ __device__ __forceinline__ FragB frag_b_n_rows(const T* b, int ld, int k0) {
           stored_operand<kP>(to_float(b[(k0 + 2 * t + 1) * ld + g]))};
 }
 
-// The B fragments of the k-step at k0 for N (2 or 4) adjacent 8-column tiles from 16-bit n rows
-// (b at the first tile's first column of row 0, row stride ld): one ldmatrix.trans, where
-// frag_b_n_rows reads one element at a time. Matrix i is the 8 x 8 block of rows k0 .. k0 + 7 and
-// tile i's columns; transposed, the lane gets rows k0 + 2t and k0 + 2t + 1 of column g, the pair of
-// the k order above, each bf16 widened to TF32 exactly. Rows are 16-byte aligned (ld a multiple of 8).
-template <int N>
-__device__ __forceinline__ void frags_b_n_rows16(FragB (&out)[N], const __nv_bfloat16* b, int ld, int k0) {
-  static_assert(N == 2 || N == 4, "ldmatrix .x2 or .x4");
-  const int lane = threadIdx.x % 32, matrix = lane / 8 % N;
-  const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(b + (k0 + lane % 8) * ld + 8 * matrix));
-  uint32_t r[N];
-  if constexpr (N == 4) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(at));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(at));
-  }
-#pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = {{r[i] << 16, 0u}, {r[i] & 0xffff0000u, 0u}};
-}
-
 }  // namespace fkt::cuda

@@ -171,19 +171,9 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
           prod[t][i] = 0.f;
         }
       }
-      if constexpr (kDo16) {  // kTf32: exact TF32 operands, one ldmatrix for the k-step's dO fragments
-        for (int k = 0; k < C; k += 8) {
-          const FragA a = frag_a_m_rows<kP>(qu + row0, ldm, k);
-          FragB b[kCols / 8];
-          frags_b_n_rows16(b, d_o + col0, ldo, k);
-#pragma unroll
-          for (int n = 0; n < kCols / 8; ++n) mma_split<kP>(prod[n], a, b[n].x, b[n].y);
-        }
-      } else {
-        mma_steps<kP>(
-            prod, 0, C, [&](int k) { return frag_a_m_rows<kP>(qu + row0, ldm, k); },
-            [&](int k, int n) { return frag_b_n_rows<kP>(d_o + col0 + 8 * n, ldo, k); });
-      }
+      mma_steps<kP>(
+          prod, 0, C, [&](int k) { return frag_a_m_rows<kP>(qu + row0, ldm, k); },
+          [&](int k, int n) { return frag_b_n_rows<kP>(d_o + col0 + 8 * n, ldo, k); });
 #pragma unroll
       for (int t = 0; t < kCols / 8; ++t) {
 #pragma unroll
