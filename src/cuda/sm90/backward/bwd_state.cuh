@@ -114,8 +114,8 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     float dd[2][4];
     transform_acc(dd, [&](int r, int col, float) {
       const int row = R0 + r, e = c0 + col;
-      return delta_warp && row < l && e < values ? p.ws.d_delta[(row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + e]
-                                                 : 0.f;
+      const int64_t at = (row_of(j) + static_cast<int64_t>(row) * f.HV) * V + e0 + e;
+      return delta_warp && row < l && e < values ? p.ws.d_delta[at] : 0.f;
     });
     float pre[kPrefetch];  // fp32 dO of this chunk, loaded while d_delta is computed
     if constexpr (!kDo16) {
