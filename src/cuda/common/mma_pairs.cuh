@@ -17,7 +17,7 @@
 //
 // Row strides that keep the reads free of bank conflicts: fp32 (a 64-bit access is served per half
 // warp) 8 (mod 32) floats for k rows, 4 (mod 32) for m rows and n rows; bf16 8 (mod 64) elements for
-// both (StateConfig::ld_operand).
+// both (ld_rows16 in common/round_up.hpp).
 #pragma once
 
 #include <type_traits>

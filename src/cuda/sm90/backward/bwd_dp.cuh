@@ -22,7 +22,7 @@ struct DpConfig {
   __host__ __device__ static int ld_p(int C) { return C + 8; }
   template <typename DoT>
   __host__ __device__ static int ld_o(int V) {
-    return sizeof(DoT) == 2 ? round_up<64>(V) + 8 : ld_v(V);
+    return sizeof(DoT) == 2 ? ld_rows16(V) : ld_v(V);
   }
   // Shared memory: dO [C, ld_o] of DoT (a multiple of 16 bytes: C is a multiple of 16), then fp32
   // delta [C, ld_v] and P [C, ld_p].

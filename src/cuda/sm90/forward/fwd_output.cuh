@@ -23,7 +23,7 @@ struct OutputConfig {
   // elements 8 (mod 64) for both, where lanes t, t + 1 (A) or t, t + 4 (B) share a word.
   template <typename T>
   __host__ __device__ static int ld_a(int cols) {
-    return sizeof(T) == 2 ? round_up<64>(cols) + 8 : padded(cols) + 4;
+    return sizeof(T) == 2 ? ld_rows16(cols) : padded(cols) + 4;
   }
   static constexpr int kLdB = kTileV + 8;
   // Shared memory: Q_up [C, ld_a] of Op, h [Kp, kLdB] and P [C, ld_a] of Stored (the elements of

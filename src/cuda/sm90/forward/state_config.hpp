@@ -35,7 +35,7 @@ struct StateConfig {
   // Row strides, in elements, of the stored A operands W, K_down, Q_up (Operand in
   // common/mma_pairs.cuh) of `bytes` each: fp32 as above, bf16 8 (mod 64) with k or m along rows.
   __host__ __device__ static int ld_operand(int K, int bytes, bool k_rows) {
-    return bytes == 2 ? round_up<64>(K) + 8 : k_rows ? ld_k_rows(K) : ld_mn_rows(K);
+    return bytes == 2 ? ld_rows16(K) : k_rows ? ld_k_rows(K) : ld_mn_rows(K);
   }
   // Floats taken by `rows` operand rows (a multiple of 4, keeping the next region 16-byte aligned:
   // ld is a multiple of 8, rows of 16). bf16 rows go by 16-byte cp.async when K is a multiple of
