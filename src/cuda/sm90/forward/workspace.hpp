@@ -52,8 +52,8 @@ struct ForwardWorkspace {
     const int64_t p_states_bytes = w.p_states_dtype == DType::kBF16 ? 2 : 4;
     w.gamma = m.take<float>(rows * p.K);
     w.P = m.take<char>(rows * p.chunk * p_states_bytes);
-    constexpr int64_t kAlign = Carver::kAlign;  // K_down's start, as every carved array's
-    const int64_t operand = (rows * p.K * operand_bytes + kAlign - 1) / kAlign * kAlign;
+    // K_down's start, aligned as every carved array's.
+    const auto operand = static_cast<int64_t>(Carver::aligned(static_cast<size_t>(rows * p.K * operand_bytes)));
     char* w_kd = m.take<char>(2 * operand);
     w.W = w_kd;
     w.k_down = w_kd + operand;
