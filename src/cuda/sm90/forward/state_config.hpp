@@ -8,7 +8,8 @@
 namespace fkt::cuda {
 
 // What a state pass's kernel is compiled for: threads per block and blocks per SM (a register cap).
-// Chosen per call by with_state_residency (sm90/launch.cuh) from the grid's size against the SMs.
+// Chosen per call by with_state_residency (sm90/launch.cuh) from the grid's size against the SMs
+// and the shared memory a block needs.
 template <int kThreadsPerBlock, int kBlocksPerSm>
 struct Residency {
   static constexpr int threads = kThreadsPerBlock, blocks_per_sm = kBlocksPerSm;
@@ -18,7 +19,9 @@ struct StateConfig {
   static constexpr int kThreads = 256;  // a block of one warp per 16 state rows, all kTileV columns
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTileV = 32;          // state columns per block
-  static constexpr int kLdTile = kTileV + 8;  // [*, kTileV] buffers read at accumulator pairs (row g, column 2t)
+  // Row stride of [*, kTileV] buffers: fp32 ones read at accumulator pairs (row g, column 2t), 16-bit
+  // ones (bwd_state's dO) read by element, two lanes per word; rows 16-byte multiples (cp.async).
+  static constexpr int kLdTile = kTileV + 8;
   // Blocks of a pass: (sequence, value head, V-tile), the V-tiles of one head adjacent in x so that
   // they run together and share the chunk's W, K_down (or K_down, Q_up, W) through L2.
   __host__ __device__ static int tiles(int V) { return ceil_div(V, kTileV); }
@@ -71,10 +74,9 @@ struct FwdStateLayout {
 // With bf16 operands and dO, 73.5 KB for C = 64, K = 128: three blocks per SM.
 struct BwdStateLayout {
   int kd, ds, qu, w, d_o, g_last, floats;
-  // dO rows: fp32 4 (mod 32) floats, 16-bit 8 (mod 32) elements (two lanes per word); 16-byte
-  // multiples either way (cp.async).
+  // dO rows: fp32 4 (mod 32) floats, 16-bit kLdTile elements; 16-byte multiples either way.
   __host__ __device__ static int ld_d_o(int d_o_bytes) {
-    return d_o_bytes == 2 ? StateConfig::kTileV + 8 : StateConfig::ld_mn_rows(StateConfig::kTileV);
+    return d_o_bytes == 2 ? StateConfig::kLdTile : StateConfig::ld_mn_rows(StateConfig::kTileV);
   }
   __host__ __device__ BwdStateLayout(int C, int K, int operand_bytes, int d_o_bytes) {
     constexpr int kTile = StateConfig::kTileV;

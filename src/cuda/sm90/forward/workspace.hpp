@@ -49,7 +49,7 @@ struct ForwardWorkspace {
     // bf16, Q_up in gamma's rows.
     const bool compact = !for_backward && operand_bytes == 2;
     w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
-    const int64_t p_states_bytes = w.p_states_dtype == DType::kBF16 ? 2 : 4;
+    const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
     w.gamma = m.take<float>(rows * p.K);
     w.P = m.take<char>(rows * p.chunk * p_states_bytes);
     // K_down's start, aligned as every carved array's.
