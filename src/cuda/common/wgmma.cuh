@@ -66,7 +66,7 @@ __device__ __forceinline__ void pin_accumulator(float (&acc)[N][4]) {
 }
 
 // acc += A B, one m64nNk16 product (N = 16, 32 or 64) of bf16 operands given by their descriptors;
-// kTransA / kTransB: the operand is MN-major.
+// kTransA / kTransB: the operand is MN-major. The predicate p (scale-d) is true: accumulate.
 template <int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_bf16(float (&acc)[2][4], uint64_t a, uint64_t b) {
   asm volatile(
