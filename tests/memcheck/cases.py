@@ -17,6 +17,8 @@ CASES = [
     dict(B=1, T=200, H=2, HV=2, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 200]),
     dict(B=1, T=70, H=1, HV=2, K=64, V=72, cu_seqlens=[0, 0, 3, 3, 70], chunk_size=32),
     dict(B=1, T=90, H=1, HV=2, K=30, V=13),
+    # Enough sequences x heads for fwd_state's wgmma pass to take 64-column V-tiles (288 blocks).
+    dict(B=1, T=400, H=8, HV=16, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 130, 200, 257, 300, 333, 400]),
 ]
 
 

@@ -81,11 +81,14 @@ def test_gradients_match_gold_like_cpu(case):
 # gradients stay below FLA's on bfloat16 (dh0 1.7e-3, dA_log 4.5e-3, ddt_bias 6.8e-3 in the
 # benchmark's gold comparison).
 # K = V = 128 with chunks of 64 is the shape whose kernels run with compile-time dims (sm90/dims.hpp).
-@pytest.mark.parametrize("dims", [64, 128], ids=["K64", "K128"])
+# K128-wide: enough sequences x heads that the forward's wgmma state pass takes 64-column V-tiles.
+@pytest.mark.parametrize("dims", [64, 128, "wide"], ids=["K64", "K128", "K128-wide"])
 @pytest.mark.parametrize("dtype,bound,fp32_bound", [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 1e-4)])
 def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, dims):
     case = dict(B=1, T=300, H=2, HV=4, K=dims, V=dims, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True,
                 lower_bound=-5.0, safe_gate=True)
+    if dims == "wide":
+        case.update(T=400, H=8, HV=16, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 130, 200, 257, 300, 333, 400])
     cuda, x, opts, gin = run(case, "cuda", dtype)
     _, _, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"], dht=gin["dht"],
                                     initial_state=x["initial_state"], A_log=x["A_log"], dt_bias=x["dt_bias"],
@@ -165,8 +168,10 @@ RESIDENCY_CASES = [(torch.bfloat16, 128, 128, 64, False), (torch.float16, 128, 1
 def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, state_v_first):
     """The state passes run blocks of 16 warps when the SMs hold the grid one block each, else blocks
     of 8 warps, two per SM, or three (fwd_state, bf16) when two per SM do not hold it either
-    (with_state_residency). The same arithmetic in the same order: the first sequences of a pack
-    give the same bits alone (few blocks) as in packs of more blocks."""
+    (with_state_residency); fwd_state's wgmma pass (bf16, K = V = 128) takes 64-column V-tiles for
+    the densest pack here and 32-column ones for the others (with_wgmma_state_tile). The same
+    arithmetic in the same order: the first sequences of a pack give the same bits alone (few
+    blocks) as in packs of more blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     heads = 4
     per_sequence = -(-V // 32) * heads  # blocks: sequences x V-tiles of 32 x heads

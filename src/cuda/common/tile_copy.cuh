@@ -243,4 +243,54 @@ __device__ __forceinline__ void to_log2_units(float* x, int rows, int cols, int 
   });
 }
 
+// [rows, 4 kCells] fp32 rows of kCells 16-byte cells, cell c of row r at position c ^ 2 (r % 4): the
+// accumulator's pairs (a half warp stores 4 rows of 32 bytes) and whole rows read or written by
+// consecutive threads are free of bank conflicts. Byte offsets of cell c of row r, and of element
+// (r, col).
+template <int kCells>
+struct Swizzled {
+  static_assert(kCells % 8 == 0, "rows of whole 128-byte lines");
+  __device__ static __forceinline__ int cell(int r, int c) { return (r * kCells + (c ^ (r % 4 * 2))) * 16; }
+  __device__ static __forceinline__ int at(int r, int col) { return cell(r, col / 4) + col % 4 * 4; }
+};
+
+// Calls f(r, c) for this thread's cells of a [kRows, kCells] grid, cell x = r * kCells + c taken
+// by thread x % kThreads: consecutive threads take a row's consecutive cells.
+template <int kThreads, int kRows, int kCells, typename F>
+__device__ __forceinline__ void for_each_cell16(F f) {
+  static_assert(kThreads % kCells == 0, "a thread's cells share their column");
+  constexpr int kTotal = kRows * kCells, kRowStep = kThreads / kCells;
+  const int r0 = threadIdx.x / kCells, c = threadIdx.x % kCells;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int r = r0 + i * kRowStep;
+    if (kTotal % kThreads != 0 && r >= kRows) break;
+    f(r, c);
+  }
+}
+
+// Enqueues (by the whole block of kThreads) the copy of kRows global rows of kCells 16-byte cells,
+// row r from src + r * stride_bytes, cell c to dst + at(r, c); rows >= valid_rows zero-filled.
+template <int kThreads, int kRows, int kCells, typename At>
+__device__ __forceinline__ void copy_cells16_async(char* dst, const void* src, int64_t stride_bytes, int valid_rows,
+                                                   At at) {
+  for_each_cell16<kThreads, kRows, kCells>([&](int r, int c) {
+    const bool in = r < valid_rows;
+    const char* from = static_cast<const char*>(src) + (in ? r * stride_bytes + c * 16 : 0);
+    cp_async<16>(reinterpret_cast<float*>(dst + at(r, c)), reinterpret_cast<const float*>(from), in);
+  });
+}
+
+// Stores (by the whole block of kThreads) rows [0, rows) of kCells 16-byte cells from shared
+// memory, cell c of row r at src + at(r, c), to global row r at dst + r * stride_bytes.
+template <int kThreads, int kRows, int kCells, typename At>
+__device__ __forceinline__ void store_cells16(void* dst, int64_t stride_bytes, const char* src, int rows, At at) {
+  for_each_cell16<kThreads, kRows, kCells>([&](int r, int c) {
+    if (r < rows) {
+      *reinterpret_cast<uint4*>(static_cast<char*>(dst) + r * stride_bytes + c * 16) =
+          *reinterpret_cast<const uint4*>(src + at(r, c));
+    }
+  });
+}
+
 }  // namespace fkt::cuda

@@ -18,6 +18,12 @@ __device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
 }
 __device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
+// Two adjacent elements at p, one store (p aligned to two elements); bf16 rounded to nearest.
+__device__ __forceinline__ void store2(float* p, float2 v) { *reinterpret_cast<float2*>(p) = v; }
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float2 v) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v.x, v.y);
+}
+
 // f applied column by column: {f(a.x, b.x, ...), ..., f(a.w, b.w, ...)}.
 template <typename F, typename... Float4>
 __device__ __forceinline__ float4 map4(F f, Float4... a) {

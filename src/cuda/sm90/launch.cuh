@@ -148,6 +148,24 @@ void with_state_residency(const Problem& p, size_t smem_bytes, F f) {
   f(Residency<kWide, 1>{});
 }
 
+// The V-tile width of the wgmma state pass (fwd_state_wgmma), the one place
+// where it becomes their template argument: calls f(std::integral_constant<int, 64 or 32>). 64
+// columns halve the reads of the chunk's operands per column where their grid still gives every SM
+// a block, else 32.
+template <typename F>
+void with_wgmma_state_tile(const Problem& p, F f) {
+  int sms = 0;
+  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.device_id));
+  if (p.N * p.HV * p.V / 64 >= sms) return f(std::integral_constant<int, 64>{});
+  f(std::integral_constant<int, 32>{});
+}
+
+// The grid of a wgmma state pass of kTile-column V-tiles: x = sequence * tiles + tile.
+template <int kTile>
+dim3 wgmma_state_grid(const Problem& p) {
+  return dim3(static_cast<unsigned>(p.N * (p.V / kTile)), static_cast<unsigned>(p.HV));
+}
+
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened
 // columns) of the one sequence.
 inline dim3 cp_summary_grid(const Problem& p) {

@@ -9,6 +9,7 @@
 #include "cuda/sm90/forward/fwd_intra.cuh"
 #include "cuda/sm90/forward/fwd_output.cuh"
 #include "cuda/sm90/forward/fwd_state.cuh"
+#include "cuda/sm90/forward/fwd_state_wgmma.cuh"
 
 namespace fkt::cuda {
 namespace {
@@ -92,14 +93,29 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     constexpr int kOperandBytes = operand_bytes(kP);
-    const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes);
-    with_state_residency<kP>(p, smem, [&](auto residency) {
-      using R = decltype(residency);
-      with_dims<kP>(p, [&](auto dims) {
-        const auto kernel = fwd_state_kernel<kP, R, decltype(dims)>;
-        if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-        launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
-      });
+    with_dims<kP>(p, [&](auto dims) {
+      using Dims = decltype(dims);
+      if constexpr (std::is_same_v<Dims, CommonDims>) {
+        const auto state_pass = [&](auto stored) {
+          with_wgmma_state_tile(p, [&](auto tile) {
+            constexpr int kTile = decltype(tile)::value;
+            const auto kernel = fwd_state_wgmma_kernel<kTile, decltype(stored)>;
+            prefer_max_shared(kernel);
+            launch(kernel, wgmma_state_grid<kTile>(p), StateConfig::kThreads, FwdStateWgmmaLayout<kTile>::bytes, s,
+                   params);
+          });
+        };
+        if (params.ws.p_states_dtype == DType::kBF16) state_pass(__nv_bfloat16{});
+        else state_pass(float{});
+      } else {
+        const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes);
+        with_state_residency<kP>(p, smem, [&](auto residency) {
+          using R = decltype(residency);
+          const auto kernel = fwd_state_kernel<kP, R, Dims>;
+          if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+          launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
+        });
+      }
     });
     if (params.o == nullptr) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
