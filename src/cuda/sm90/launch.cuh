@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "cuda/common/check.cuh"
+#include "cuda/common/device_limits.hpp"
 #include "cuda/common/products.hpp"
 #include "cuda/common/round_up.hpp"
 #include "cuda/sm90/dims.hpp"
@@ -132,31 +133,25 @@ inline dim3 state_pass_grid(const Problem& p) {
 template <Products kP, typename F>
 void with_state_residency(const Problem& p, size_t smem_bytes, F f) {
   constexpr int kNarrow = StateConfig::kThreads, kWide = 2 * StateConfig::kThreads;
-  int sms = 0, smem_per_sm = 0, reserved = 0;
-  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.device_id));
-  FKT_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device.device_id));
-  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, p.device.device_id));
+  const DeviceLimits& device = device_limits(p.device.device_id);
   const dim3 grid = state_pass_grid(p);
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
-  const size_t fit = static_cast<size_t>(smem_per_sm) / (smem_bytes + static_cast<size_t>(reserved));
-  if (blocks <= sms) return f(Residency<kWide, 1>{});
+  const size_t fit = static_cast<size_t>(device.smem_per_sm) /
+                     (smem_bytes + static_cast<size_t>(device.reserved_smem_per_block));
+  if (blocks <= device.sms) return f(Residency<kWide, 1>{});
   if constexpr (kP == Products::kTf32) {
-    if (fit >= 3 && blocks > 2 * static_cast<int64_t>(sms)) return f(Residency<kNarrow, 3>{});
+    if (fit >= 3 && blocks > 2 * static_cast<int64_t>(device.sms)) return f(Residency<kNarrow, 3>{});
   }
   if (fit >= 2) return f(Residency<kNarrow, 2>{});
   f(Residency<kWide, 1>{});
 }
 
-// The V-tile width of the wgmma state pass (fwd_state_wgmma), the one place
-// where it becomes their template argument: calls f(std::integral_constant<int, 64 or 32>). 64
-// columns halve the reads of the chunk's operands per column where their grid still gives every SM
-// a block, else 32.
+// The V-tile width of the wgmma state pass (fwd_state_wgmma), the one place where it becomes its
+// template argument: calls f(std::integral_constant<int, 64 or 32>). 64 columns halve the reads of
+// the chunk's operands per column where their grid still gives every SM a block, else 32.
 template <typename F>
 void with_wgmma_state_tile(const Problem& p, F f) {
-  int sms = 0;
-  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.device_id));
-  if (p.N * p.HV * p.V / 64 >= sms) return f(std::integral_constant<int, 64>{});
+  if (p.N * p.HV * p.V / 64 >= device_limits(p.device.device_id).sms) return f(std::integral_constant<int, 64>{});
   f(std::integral_constant<int, 32>{});
 }
 

@@ -48,11 +48,10 @@ void check_supported(const Problem& p) {
   FKT_CHECK(p.K <= kMaxHeadDim && p.V <= kMaxHeadDim)
       << "q, v: the CUDA backend supports head dims K, V <= " << kMaxHeadDim << ", got K = " << p.K << ", V = " << p.V;
   FKT_CHECK(p.HV <= 65535) << "v: the CUDA backend supports at most 65535 value heads, got " << p.HV;
-  int major = 0, minor = 0;
-  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device.device_id));
-  FKT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device.device_id));
-  FKT_CHECK(major == 9 && minor == 0) << "q: the CUDA backend is built for Hopper (sm_90a); cuda:" << p.device.device_id
-                                      << " has compute capability " << major << "." << minor;
+  const DeviceLimits& device = device_limits(p.device.device_id);
+  FKT_CHECK(device.major == 9 && device.minor == 0)
+      << "q: the CUDA backend is built for Hopper (sm_90a); cuda:" << p.device.device_id << " has compute capability "
+      << device.major << "." << device.minor;
 }
 
 uint64_t forward_workspace_bytes(const Problem& p) {
