@@ -95,7 +95,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
     with_dims<kP>(p, [&](auto dims) {
       using Dims = decltype(dims);
       if constexpr (std::is_same_v<Dims, CommonDims>) {
-        const auto state_pass = [&](auto stored) {
+        with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
           with_wgmma_state_tile(p, [&](auto tile) {
             constexpr int kTile = decltype(tile)::value;
             const auto kernel = fwd_state_wgmma_kernel<kTile, decltype(stored)>;
@@ -103,9 +103,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
             launch(kernel, wgmma_state_grid<kTile>(p), StateConfig::kThreads, FwdStateWgmmaLayout<kTile>::bytes, s,
                    params);
           });
-        };
-        if (params.ws.p_states_dtype == DType::kBF16) state_pass(__nv_bfloat16{});
-        else state_pass(float{});
+        });
       } else {
         const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes);
         with_state_residency<kP>(p, smem, [&](auto residency) {
@@ -118,18 +116,13 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
     });
     if (params.o == nullptr) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
-    const auto output = [&](auto stored) {
+    with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
       using Stored = decltype(stored);
       with_dims<kP>(p, [&](auto dims) {
         launch(fwd_output_kernel<kP, Stored, decltype(dims)>, grid, OutputConfig::kThreads,
                OutputConfig::smem_bytes<Operand<kP>, Stored>(p.chunk, p.K), s, params);
       });
-    };
-    // bf16 P and states occur with bf16 operands only (ForwardWorkspace::carve).
-    if constexpr (kP == Products::kTf32) {
-      if (params.ws.p_states_dtype == DType::kBF16) return output(__nv_bfloat16{});
-    }
-    output(float{});
+    });
   });
 }
 
