@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import capture_graph, make_inputs, needs_cuda, rel_rms
+from kda_cases import WIDE, capture_graph, make_inputs, needs_cuda, rel_rms
 
 pytestmark = needs_cuda
 
@@ -53,11 +53,6 @@ def test_forward_matches_cpu_backend(case, poisoned):
 # fp32 accuracy; bfloat16 inputs run single TF32 products (2^-11 per operand, docs/design.md), still
 # below FLA's final-state error on bfloat16 (2.4e-3 in the benchmark's gold comparison).
 LOW_PRECISION_BOUNDS = [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 2e-5)]
-
-
-# K = V = 128 with chunks of 64 over enough sequences x heads that fwd_state's wgmma pass takes
-# 64-column V-tiles (sm90/forward/launch.cu: at least one block per SM; 288 blocks here).
-WIDE = dict(K=128, V=128, B=1, T=400, H=8, HV=16, cu_seqlens=[0, 1, 64, 65, 130, 200, 257, 300, 333, 400])
 
 
 @pytest.mark.parametrize("dtype,bound,state_bound", LOW_PRECISION_BOUNDS)

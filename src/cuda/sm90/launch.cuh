@@ -128,10 +128,10 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
 void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 
-// The state passes (fwd_state, bwd_state): one block per (sequence, value head, V-tile), x = sequence
-// * tiles + tile (StateConfig::tiles).
-inline dim3 state_pass_grid(const Problem& p) {
-  return dim3(static_cast<unsigned>(p.N * StateConfig::tiles(static_cast<int>(p.V))), static_cast<unsigned>(p.HV));
+// The state passes (fwd_state, bwd_state, fwd_state_wgmma): one block per (sequence, value head,
+// V-tile of `tile` columns), x = sequence * tiles + tile.
+inline dim3 state_pass_grid(const Problem& p, int tile = StateConfig::kTileV) {
+  return dim3(static_cast<unsigned>(p.N * ceil_div(p.V, tile)), static_cast<unsigned>(p.HV));
 }
 
 // The state passes' residency (Residency in forward/state_config.hpp), the one place where it becomes
@@ -164,12 +164,6 @@ template <typename F>
 void with_wgmma_state_tile(const Problem& p, F f) {
   if (p.N * p.HV * p.V / 64 >= device_limits(p.device.device_id).sms) return f(std::integral_constant<int, 64>{});
   f(std::integral_constant<int, 32>{});
-}
-
-// The grid of a wgmma state pass of kTile-column V-tiles: x = sequence * tiles + tile.
-template <int kTile>
-dim3 wgmma_state_grid(const Problem& p) {
-  return dim3(static_cast<unsigned>(p.N * (p.V / kTile)), static_cast<unsigned>(p.HV));
 }
 
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened

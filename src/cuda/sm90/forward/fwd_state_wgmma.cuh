@@ -26,7 +26,7 @@ namespace fkt::cuda {
 
 // Shared memory of a kTile-column V-tile, byte offsets: W [C, K] K-major and K_down^T [K, C]
 // MN-major (bf16 core matrices), the hi and lo parts of S [kTile, K] and of delta [kTile, C]
-// MN-major, U and delta (on its way to global memory) [C, kTile] fp32 Swizzled, gamma_L [K]: 66.5 KB
+// MN-major, U and delta (on its way to global memory) [C, kTile] fp32 Swizzled, gamma_L [K]: 72.5 KB
 // for 32 columns (three blocks per SM), 112.5 KB for 64 (two). fp32 states go out through S's room
 // once W S has read it.
 template <int kTileV>

@@ -28,6 +28,29 @@ ForwardParams make_params(const Problem& p, const fkt_forward_outputs& out) {
   return params;
 }
 
+// F4: on wgmma at the common shape (bf16 products: CommonDims), else the mma.sync pass.
+template <Products kP, typename Dims>
+void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
+  if constexpr (std::is_same_v<Dims, CommonDims>) {
+    with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
+      with_wgmma_state_tile(p, [&](auto tile) {
+        constexpr int kTile = decltype(tile)::value;
+        const auto kernel = fwd_state_wgmma_kernel<kTile, decltype(stored)>;
+        prefer_max_shared(kernel);
+        launch(kernel, state_pass_grid(p, kTile), StateConfig::kThreads, FwdStateWgmmaLayout<kTile>::bytes, s, params);
+      });
+    });
+  } else {
+    const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kP));
+    with_state_residency<kP>(p, smem, [&](auto residency) {
+      using R = decltype(residency);
+      const auto kernel = fwd_state_kernel<kP, R, Dims>;
+      if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+      launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
+    });
+  }
+}
+
 // The forward's own layout (nothing kept for a backward), with products of precision `products`.
 uint64_t own_workspace_bytes(const Problem& p, Products products) {
   Carver measure;
@@ -91,29 +114,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   const unsigned heads = static_cast<unsigned>(p.HV);
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
-    constexpr int kOperandBytes = operand_bytes(kP);
-    with_dims<kP>(p, [&](auto dims) {
-      using Dims = decltype(dims);
-      if constexpr (std::is_same_v<Dims, CommonDims>) {
-        with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
-          with_wgmma_state_tile(p, [&](auto tile) {
-            constexpr int kTile = decltype(tile)::value;
-            const auto kernel = fwd_state_wgmma_kernel<kTile, decltype(stored)>;
-            prefer_max_shared(kernel);
-            launch(kernel, wgmma_state_grid<kTile>(p), StateConfig::kThreads, FwdStateWgmmaLayout<kTile>::bytes, s,
-                   params);
-          });
-        });
-      } else {
-        const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, kOperandBytes);
-        with_state_residency<kP>(p, smem, [&](auto residency) {
-          using R = decltype(residency);
-          const auto kernel = fwd_state_kernel<kP, R, Dims>;
-          if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-          launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
-        });
-      }
-    });
+    with_dims<kP>(p, [&](auto dims) { state_pass<kP, decltype(dims)>(p, params, s); });
     if (params.o == nullptr) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
     with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
