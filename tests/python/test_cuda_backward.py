@@ -171,7 +171,7 @@ def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, stat
     """The state passes run blocks of 16 warps when the SMs hold the grid one block each, else blocks
     of 8 warps, two per SM, or three (fwd_state, bf16) when two per SM do not hold it either
     (with_state_residency); fwd_state's wgmma pass (bf16, K = V = 128) takes 64-column V-tiles for
-    the densest pack here and 32-column ones for the others (with_wgmma_state_tile). The same
+    the two denser packs here and 32-column ones for the fewest blocks (with_wgmma_state_tile). The same
     arithmetic in the same order: the first sequences of a pack give the same bits alone (few
     blocks) as in packs of more blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -254,6 +254,21 @@ struct Swizzled {
   __device__ static __forceinline__ int at(int r, int col) { return cell(r, col / 4) + col % 4 * 4; }
 };
 
+// [rows, 8 kCells] 16-bit rows of kCells = 4 or 8 16-byte cells under the 128-byte swizzle: cell x
+// (row-major) at x ^ (x / 8 % 8), its position in a 128-byte line permuted by the line's index. The
+// accumulator's pairs (eight rows of a warp, each 16 bytes) reach eight different cells, and
+// consecutive threads reading a row's cells stay free of bank conflicts. Byte offsets of cell c
+// of row r, and of element (r, col).
+template <int kCells>
+struct Swizzled16 {
+  static_assert(kCells == 4 || kCells == 8, "rows of 64 or 128 bytes");
+  __device__ static __forceinline__ int cell(int r, int c) {
+    const int x = r * kCells + c;
+    return (x ^ (x / 8 % 8)) * 16;
+  }
+  __device__ static __forceinline__ int at(int r, int col) { return cell(r, col / 8) + col % 8 * 2; }
+};
+
 // Calls f(r, c) for this thread's cells of a [kRows, kCells] grid, cell x = r * kCells + c taken
 // by thread x % kThreads: consecutive threads take a row's consecutive cells.
 template <int kThreads, int kRows, int kCells, typename F>

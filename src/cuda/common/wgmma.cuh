@@ -50,9 +50,22 @@ struct CoreMatrices {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending of the warpgroup's committed groups of products are still running.
+template <int kPending = 0>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// p, opaque to the compiler: descriptors formed from it in a loop's body are formed there, where
+// hoisted out of the loop they would hold a register each through it (fwd_state_wgmma's output
+// variant, 64 columns: 136 bytes of spill with its descriptors hoisted out of the chunk loop, 40
+// without).
+__device__ __forceinline__ char* unhoisted(char* p) {
+  asm volatile("" : "+l"(p));
+  return p;
 }
 
 // Keeps the compiler from moving an accumulator's reads or writes across a wgmma wait or fence.

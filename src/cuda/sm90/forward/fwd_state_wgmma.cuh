@@ -9,9 +9,12 @@
 //   fwd_state's mma.sync pass rounds it to TF32 (2^-11). W and K_down are bf16 as stored.
 // - The states and delta leave in whole rows of 16-byte stores from shared memory (bf16 states are
 //   S's hi part), not as the accumulator's scattered pairs: the pass is bound by L2 traffic.
-// The next chunk's W, U are copied in while the state is updated, and its K_down while delta is
-// computed (cp.async), as in fwd_state.
+// - F5 may run inside the pass (Stored = void, below): o leaves, the states and delta stay.
+// The next chunk's W is copied in while the state is updated, and its K_down while delta is
+// computed (cp.async), as in fwd_state; its U goes straight to registers.
 #pragma once
+
+#include <type_traits>
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
@@ -26,20 +29,23 @@ namespace fkt::cuda {
 
 // Shared memory of a kTile-column V-tile, byte offsets: W [C, K] K-major and K_down^T [K, C]
 // MN-major (bf16 core matrices), the hi and lo parts of S [kTile, K] and of delta [kTile, C]
-// MN-major, U and delta (on its way to global memory) [C, kTile] fp32 Swizzled, gamma_L [K]: 72.5 KB
-// for 32 columns (three blocks per SM), 112.5 KB for 64 (two). fp32 states go out through S's room
-// once W S has read it.
-template <int kTileV>
+// MN-major, the tile on its way to global memory (delta [C, kTile] fp32 Swizzled, or with
+// kOutput o [C, kTile] bf16 Swizzled16), with kOutput Q_up [C, K] and P [C, C] K-major, gamma_L
+// [K]. 64.5 KB for 32 columns (three blocks per SM), 96.5 KB for 64 (two); with kOutput 84.5 and
+// 112.5 KB (two). fp32 states go out through S's room once W S has read it.
+template <int kTileV, bool kOutput>
 struct FwdStateWgmmaLayout {
   static constexpr int kC = 64, kK = 128, kTile = kTileV;
-  using Wm = CoreMatrices<kK>;     // W [C, K]
+  using Wm = CoreMatrices<kK>;     // W, Q_up [C, K]
   using KdT = CoreMatrices<kC>;    // K_down^T [K, C]
+  using Pm = CoreMatrices<kC>;     // P [C, C]
   using S = CoreMatrices<kK>;      // S [kTile, K]
   using Delta = CoreMatrices<kC>;  // delta [kTile, C]
   static constexpr int w = 0, kd = w + Wm::bytes(kC), s_hi = kd + KdT::bytes(kK), s_lo = s_hi + S::bytes(kTile);
   static constexpr int d_hi = s_lo + S::bytes(kTile), d_lo = d_hi + Delta::bytes(kTile);
-  static constexpr int u = d_lo + Delta::bytes(kTile), out = u + 4 * kC * kTile;
-  static constexpr int g_last = out + 4 * kC * kTile, bytes = g_last + 4 * kK;
+  static constexpr int out = d_lo + Delta::bytes(kTile);
+  static constexpr int qu = out + (kOutput ? 2 : 4) * kC * kTile, pm = qu + (kOutput ? Wm::bytes(kC) : 0);
+  static constexpr int g_last = pm + (kOutput ? Pm::bytes(kC) : 0), bytes = g_last + 4 * kK;
   static_assert(s_lo + S::bytes(kTile) - s_hi == 4 * kK * kTile, "S's room holds the fp32 state");
 };
 
@@ -53,21 +59,29 @@ __device__ __noinline__ void store_intermediate_pair(const ForwardParams& p, int
   }
 }
 
-// How many blocks of a kTile-column pass share an SM, by shared memory (the register cap follows).
-template <int kTile>
+// How many blocks of the pass share an SM: as many as its shared memory holds (228 KB an SM, 1 KB
+// of it reserved per block), at most three; the register cap follows.
+template <int kTile, bool kOutput>
 constexpr int fwd_state_wgmma_blocks_per_sm() {
-  return kTile == 32 ? 3 : 2;
+  constexpr int fit = 228 * 1024 / (FwdStateWgmmaLayout<kTile, kOutput>::bytes + 1024);
+  return fit < 3 ? fit : 3;
 }
 
-// kTile: 32 or 64 columns a block. Stored: the element type of the states (p.ws.p_states_dtype):
-// bf16 states are S's hi part as mirrored; fp32 ones are staged in S's room.
+// kTile: 32 or 64 columns a block. Stored: the element type of the states and delta as they leave
+// (p.ws.p_states_dtype): bf16 states are S's hi part as mirrored, fp32 ones are staged in S's
+// room. Stored = void: F5 inside the pass (ws.output_in_state_pass): the states and delta stay on
+// chip and o = s Q_up S + P delta leaves in bf16, Q_up S summed with W S, P delta with K_down^T
+// delta, both products reading the S and delta operands already in shared memory.
 template <int kTile, typename Stored>
-__global__ void __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile>())
+__global__ void
+__launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, std::is_void_v<Stored>>())
     fwd_state_wgmma_kernel(const __grid_constant__ ForwardParams p) {
-  using L = FwdStateWgmmaLayout<kTile>;
+  constexpr bool kOutput = std::is_void_v<Stored>;
+  using L = FwdStateWgmmaLayout<kTile, kOutput>;
   using Rows = Swizzled<kTile / 4>;
+  using Rows16 = Swizzled16<kTile / 8>;
   constexpr int kThreads = StateConfig::kThreads, C = L::kC, K = L::kK, V = CommonDims::v(ForwardParams{});
-  constexpr bool kBf16States = sizeof(Stored) == 2;
+  constexpr bool kBf16States = sizeof(std::conditional_t<kOutput, float, Stored>) == 2;
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K && V % kTile == 0,
                 "the common shape, whole V-tiles");
   constexpr int tiles = V / kTile;
@@ -78,7 +92,6 @@ __global__ void __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_
   char* smem = reinterpret_cast<char*>(smem_floats);
   char* W = smem + L::w;
   char* kd = smem + L::kd;
-  const float* U = reinterpret_cast<const float*>(smem + L::u);
   const float* g_last = reinterpret_cast<const float*>(smem + L::g_last);
   const int warp = threadIdx.x / 32, half = warp / 4;
   const int row0 = 64 * half + 16 * (warp % 4);  // the warp's first state row
@@ -89,15 +102,19 @@ __global__ void __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_
   const int64_t first_state = seq.first_chunk * p.HV + head;
   const auto* w_src = static_cast<const __nv_bfloat16*>(p.ws.W) + first * K;
   const auto* kd_src = static_cast<const __nv_bfloat16*>(p.ws.k_down) + first * K;
+  const auto* qu_src = static_cast<const __nv_bfloat16*>(p.ws.q_up) + first * p.ws.q_up_pitch;
+  const auto* p_src = static_cast<const __nv_bfloat16*>(p.ws.P) + first * C;
   const float* u_src = p.ws.U + first * V + e0;
-  float* delta_dst = p.ws.delta + first * V + e0;
   auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
-  // Group A: W and U of chunk j; group B: K_down and gamma_L. Rows past the end are zero.
+  // Group A: W (and Q_up) of chunk j; group B: K_down, gamma_L (and P). Rows past the end are zero.
   auto issue_values = [&](int64_t j) {
-    const int64_t row = j * step;
-    copy_cells16_async<kThreads, C, K / 8>(W, w_src + row * K, 2 * p.HV * K, rows_of(j),
+    copy_cells16_async<kThreads, C, K / 8>(W, w_src + j * step * K, 2 * p.HV * K, rows_of(j),
                                            [](int r, int c) { return L::Wm::k_major(r, 8 * c); });
-    copy_cells16_async<kThreads, C, kTile / 4>(smem + L::u, u_src + row * V, 4 * p.HV * V, rows_of(j), Rows::cell);
+    if constexpr (kOutput) {
+      const int64_t pitch = p.ws.q_up_pitch;
+      copy_cells16_async<kThreads, C, K / 8>(smem + L::qu, qu_src + j * step * pitch, 2 * p.HV * pitch, rows_of(j),
+                                             [](int r, int c) { return L::Wm::k_major(r, 8 * c); });
+    }
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
@@ -105,7 +122,28 @@ __global__ void __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_
                                            [](int r, int c) { return L::KdT::mn_major(8 * c, r); });
     copy_cells16_async<kThreads, 1, K / 4>(smem + L::g_last, p.ws.g_last + (first_state + j * p.HV) * K, 0, 1,
                                            [](int, int c) { return 16 * c; });
+    if constexpr (kOutput) {
+      copy_cells16_async<kThreads, C, C / 8>(smem + L::pm, p_src + j * step * C, 2 * p.HV * C, rows_of(j),
+                                             [](int r, int c) { return L::Pm::k_major(r, 8 * c); });
+    }
     cp_async_commit();
+  };
+  // U of chunk j into registers, in the layout of the warpgroup's delta accumulator (its half of the
+  // columns); rows past the end are zero. Loaded a chunk ahead: no shared memory, no barrier.
+  float u[kTile / 16][4];
+  auto load_values = [&](int64_t j) {
+    const int l = rows_of(j);
+#pragma unroll
+    for (int t = 0; t < kTile / 16; ++t) {
+#pragma unroll
+      for (int i = 0; i < 4; i += 2) {
+        const int row = crow0 + acc_row(i);
+        const float2 x = row < l ? load2(u_src + (j * step + row * p.HV) * V + kTile / 2 * half + acc_col(t, i))
+                                 : make_float2(0.f, 0.f);
+        u[t][i] = x.x;
+        u[t][i + 1] = x.y;
+      }
+    }
   };
 
   float s[kTile / 8][4];
@@ -115,13 +153,14 @@ __global__ void __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_
   if (chunks > 0) {
     issue_values(0);
     issue_update(0);
+    load_values(0);
   }
   for (int64_t j = 0; j < chunks; ++j) {
     const int l = rows_of(j);
+    char* const ops = unhoisted(smem);  // the products' operands
     // h_j: the split mirror (its readers waited at the previous chunk's barriers), and
     // intermediate_states ([B, NT, HV, ...], (b, j) flattening to the chunk row as the states').
     const int64_t base = (first_state + j * p.HV) * K * V;
-    Stored* h = static_cast<Stored*>(p.ws.states) + base + e0;
     for_each_acc_pair(s, [&](int r, int col, float2 x) {
       const int d = row0 + r;
       store_split_pair(smem + L::s_hi, smem + L::s_lo, L::S::mn_major(col, d), x);
@@ -130,60 +169,101 @@ __global__ void __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_
     cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
     fence_proxy_async_shared();
     __syncthreads();
-    // delta = U - W S, the warpgroup's half of the columns (the B operand's column blocks from
-    // kTile / 16 half).
-    float acc[kTile / 16][4] = {};
+    // delta = U - W S, then o = Q_up S (S's hi part, the bf16 states that fwd_output reads), the
+    // warpgroup's half of the columns (the B operand's column blocks from kTile / 16 half). delta
+    // waits for its own group only.
+    float acc[kTile / 16][4] = {}, o[kTile / 16][4] = {};
     pin_accumulator(acc);
+    pin_accumulator(o);
     wgmma_fence();
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) {
-      const uint64_t a = L::Wm::descriptor(W, 0, k0);
-      wgmma_bf16<0, 1>(acc, a, L::S::descriptor(smem + L::s_hi, kTile / 16 * half, k0));
-      wgmma_bf16<0, 1>(acc, a, L::S::descriptor(smem + L::s_lo, kTile / 16 * half, k0));
+      const uint64_t a = L::Wm::descriptor(ops + L::w, 0, k0);
+      wgmma_bf16<0, 1>(acc, a, L::S::descriptor(ops + L::s_hi, kTile / 16 * half, k0));
+      wgmma_bf16<0, 1>(acc, a, L::S::descriptor(ops + L::s_lo, kTile / 16 * half, k0));
     }
     wgmma_commit();
-    if constexpr (kBf16States) {  // row d's 8-column blocks of S's hi part, while the product runs
-      store_cells16<kThreads, K, kTile / 8>(h, 2 * V, smem + L::s_hi, K,
+    if constexpr (kOutput) {
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        const uint64_t q = L::Wm::descriptor(ops + L::qu, 0, k0);
+        wgmma_bf16<0, 1>(o, q, L::S::descriptor(ops + L::s_hi, kTile / 16 * half, k0));
+      }
+      wgmma_commit();
+    }
+    if constexpr (!kOutput && kBf16States) {  // row d's 8-column blocks of S's hi part, while the product runs
+      store_cells16<kThreads, K, kTile / 8>(static_cast<Stored*>(p.ws.states) + base + e0, 2 * V, smem + L::s_hi, K,
                                             [](int d, int c) { return L::S::mn_major(8 * c, d); });
     }
-    wgmma_wait_all();
+    wgmma_wait<kOutput ? 1 : 0>();
     pin_accumulator(acc);
-    for_each_acc_pair(acc, [&](int r, int col, float2 x) {
+#pragma unroll
+    for (int t = 0; t < kTile / 16; ++t) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][i] = u[t][i] - acc[t][i];
+    }
+    for_each_acc_pair(acc, [&](int r, int col, float2 d) {
       const int row = crow0 + r, e = kTile / 2 * half + col;
-      const float2 u = load2(U + Rows::at(row, e) / 4);
-      const float2 d = row < l ? make_float2(u.x - x.x, u.y - x.y) : make_float2(0.f, 0.f);
       store_split_pair(smem + L::d_hi, smem + L::d_lo, L::Delta::mn_major(e, row), d);
-      store2(reinterpret_cast<float*>(smem + L::out + Rows::at(row, e)), d);
+      if constexpr (!kOutput) store2(reinterpret_cast<float*>(smem + L::out + Rows::at(row, e)), d);
     });
+    if (j + 1 < chunks) load_values(j + 1);
+    if constexpr (kOutput) {
+      wgmma_wait();
+      pin_accumulator(o);
+      transform_acc(o, [&](int, int, float x) { return p.scale * x; });
+    }
     cp_async_wait<0>();  // group B of chunk j
     fence_proxy_async_shared();
-    __syncthreads();  // W, U and S are consumed; delta, K_down and gamma_L are in
+    __syncthreads();  // W, Q_up and S are consumed; delta, K_down, gamma_L and P are in
     if (j + 1 < chunks) issue_values(j + 1);
-    store_cells16<kThreads, C, kTile / 4>(delta_dst + j * step * V, 4 * p.HV * V, smem + L::out, l, Rows::cell);
-    if constexpr (!kBf16States) {
-      for_each_acc_pair(s, [&](int r, int col, float2 x) {
-        store2(reinterpret_cast<float*>(smem + L::s_hi + Rows::at(row0 + r, col)), x);
-      });
+    if constexpr (!kOutput) {
+      store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (first + j * step) * V + e0, 4 * p.HV * V, smem + L::out, l,
+                                            Rows::cell);
+      if constexpr (!kBf16States) {
+        for_each_acc_pair(s, [&](int r, int col, float2 x) {
+          store2(reinterpret_cast<float*>(smem + L::s_hi + Rows::at(row0 + r, col)), x);
+        });
+      }
     }
     const float decay[2] = {expf(g_last[row0 + acc_row(0)]), expf(g_last[row0 + acc_row(2)])};
     transform_acc(s, [&](int r, int, float x) { return decay[r == acc_row(0) ? 0 : 1] * x; });
     pin_accumulator(s);
+    pin_accumulator(o);
     wgmma_fence();
 #pragma unroll
     for (int k0 = 0; k0 < C; k0 += 16) {
-      const uint64_t a = L::KdT::descriptor(kd, 8 * half, k0);
-      wgmma_bf16<1, 1>(s, a, L::Delta::descriptor(smem + L::d_hi, 0, k0));
-      wgmma_bf16<1, 1>(s, a, L::Delta::descriptor(smem + L::d_lo, 0, k0));
+      const uint64_t a = L::KdT::descriptor(ops + L::kd, 8 * half, k0);
+      wgmma_bf16<1, 1>(s, a, L::Delta::descriptor(ops + L::d_hi, 0, k0));
+      wgmma_bf16<1, 1>(s, a, L::Delta::descriptor(ops + L::d_lo, 0, k0));
+      if constexpr (kOutput) {
+        const uint64_t pm = L::Pm::descriptor(ops + L::pm, 0, k0);
+        wgmma_bf16<0, 1>(o, pm, L::Delta::descriptor(ops + L::d_hi, kTile / 16 * half, k0));
+        wgmma_bf16<0, 1>(o, pm, L::Delta::descriptor(ops + L::d_lo, kTile / 16 * half, k0));
+      }
     }
     wgmma_commit();
-    if constexpr (!kBf16States) {  // h_j staged above, stored while the product runs
+    if constexpr (!kOutput && !kBf16States) {  // h_j staged above, stored while the product runs
       __syncthreads();
-      store_cells16<kThreads, K, kTile / 4>(h, 4 * V, smem + L::s_hi, K, Rows::cell);
+      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + e0, 4 * V, smem + L::s_hi, K,
+                                            Rows::cell);
     }
-    wgmma_wait_all();
+    wgmma_wait();
     pin_accumulator(s);
-    __syncthreads();  // K_down, gamma_L, delta and the staged rows are consumed
+    pin_accumulator(o);
+    if constexpr (kOutput) {  // o's rows staged (the tile's previous reads ended at two barriers since)
+      for_each_acc_pair(o, [&](int r, int col, float2 x) {
+        store2(reinterpret_cast<__nv_bfloat16*>(smem + L::out + Rows16::at(crow0 + r, kTile / 2 * half + col)), x);
+      });
+    }
+    __syncthreads();  // K_down, gamma_L, delta, P and the staged rows are consumed; o's rows are in
     if (j + 1 < chunks) issue_update(j + 1);
+    if constexpr (kOutput) {
+      if (p.o != nullptr) {
+        store_cells16<kThreads, C, kTile / 8>(static_cast<__nv_bfloat16*>(p.o) + (first + j * step) * V + e0,
+                                              2 * p.HV * V, smem + L::out, l, Rows16::cell);
+      }
+    }
   }
   if (p.final_state == nullptr) return;
   for_each_acc(s, [&](int r, int col, float x) {

@@ -21,25 +21,37 @@ ForwardParams make_params(const Problem& p, const fkt_forward_outputs& out) {
   // With keep_forward the workspace is laid out as the backward's, whose first part the forward fills
   // (T and the activated inputs included) for the backward to read.
   const int bytes = operand_bytes(products_for(p));
-  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, p.keep_forward, bytes));
+  const ForwardWorkspace ws = ForwardWorkspace::carve(carver, p, p.keep_forward, bytes, CommonDims::matches(p));
+  ForwardParams params = forward_params(p, ws);
   params.o = data_or_null(out.o, "o");
   params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
   return params;
 }
 
-// F4: on wgmma at the common shape (bf16 products: CommonDims), else the mma.sync pass.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// F4: on wgmma at the common shape (bf16 products: CommonDims), else the mma.sync pass. With
+// ws.output_in_state_pass the wgmma pass writes o (F5) and keeps the states on chip.
 template <Products kP, typename Dims>
 void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims>) {
-    with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
+    auto wgmma_pass = [&](auto stored) {  // TypeTag<the kernel's Stored>, which may be void
+      using Stored = typename decltype(stored)::type;
       with_wgmma_state_tile(p, [&](auto tile) {
         constexpr int kTile = decltype(tile)::value;
-        const auto kernel = fwd_state_wgmma_kernel<kTile, decltype(stored)>;
+        const auto kernel = fwd_state_wgmma_kernel<kTile, Stored>;
         prefer_max_shared(kernel);
-        launch(kernel, state_pass_grid(p, kTile), StateConfig::kThreads, FwdStateWgmmaLayout<kTile>::bytes, s, params);
+        launch(kernel, state_pass_grid(p, kTile), StateConfig::kThreads,
+               FwdStateWgmmaLayout<kTile, std::is_void_v<Stored>>::bytes, s, params);
       });
-    });
+    };
+    if (params.ws.output_in_state_pass) return wgmma_pass(TypeTag<void>{});
+    with_states_storage<kP>(params.ws.p_states_dtype,
+                            [&](auto stored) { wgmma_pass(TypeTag<decltype(stored)>{}); });
   } else {
     const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kP));
     with_state_residency<kP>(p, smem, [&](auto residency) {
@@ -54,7 +66,7 @@ void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
 // The forward's own layout (nothing kept for a backward), with products of precision `products`.
 uint64_t own_workspace_bytes(const Problem& p, Products products) {
   Carver measure;
-  ForwardWorkspace::carve(measure, p, false, operand_bytes(products));
+  ForwardWorkspace::carve(measure, p, false, operand_bytes(products), CommonDims::matches(p));
   return measure.bytes();
 }
 
@@ -115,7 +127,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     with_dims<kP>(p, [&](auto dims) { state_pass<kP, decltype(dims)>(p, params, s); });
-    if (params.o == nullptr) return;
+    if (params.o == nullptr || params.ws.output_in_state_pass) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
     with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
       using Stored = decltype(stored);
@@ -138,7 +150,8 @@ uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return own_works
 void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
   Carver carver(workspace);
   CpForwardSummaryParams params{};
-  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts)));
+  params.fwd = forward_params(
+      p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts), CommonDims::matches(p)));
   params.sequence = sequence;
   params.summary = summary;
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);

@@ -29,8 +29,13 @@ struct ForwardWorkspace {
   float* U;                // [B*T, HV, V] (F3)
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
                            // of a chunk's rows and columns after reading the same rows and columns of U
-  void* states;            // [chunks, HV, K, V] state entering each chunk (F4)
+  void* states;            // [chunks, HV, K, V] state entering each chunk (F4); nullptr with
+                           // output_in_state_pass
   DType p_states_dtype;
+  // F5 runs inside F4 (fwd_state_wgmma's output variant) where o is the last reader of the states
+  // and delta: the forward's own layout at the common shape with bf16 operands. The states are not
+  // kept then, and delta is not written.
+  bool output_in_state_pass;
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
   // For the backward (B0's recompute, or a forward with keep_forward); nullptr otherwise:
   float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
@@ -42,12 +47,14 @@ struct ForwardWorkspace {
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
+  // common_dims: the call's chunk size and head dims are CommonDims' (sm90/dims.hpp).
+  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes, bool common_dims) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: P and the states in
     // bf16, Q_up in gamma's rows.
     const bool compact = !for_backward && operand_bytes == 2;
+    w.output_in_state_pass = compact && common_dims;
     w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
     const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
     w.gamma = m.take<float>(rows * p.K);
@@ -62,7 +69,7 @@ struct ForwardWorkspace {
     w.q_up_pitch = compact ? 2 * p.K : p.K;
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
-    w.states = m.take<char>(chunks(p) * p.HV * p.K * p.V * p_states_bytes);
+    w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * p_states_bytes);
     w.g_last = m.take<float>(chunks(p) * p.HV * p.K);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
