@@ -12,8 +12,8 @@ namespace fkt::cuda {
 struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay (F1)
   // P and the states hold elements of p_states_dtype: bf16 in the forward's own layout for bf16
-  // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly), else fp32 (the
-  // backward's layout: B1 to B3 read them as fp32).
+  // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly, or as bf16
+  // wgmma operands inside F4), else fp32 (the backward's layout: B1 to B3 read them as fp32).
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
