@@ -78,45 +78,46 @@ __device__ __forceinline__ void pin_accumulator(float (&acc)[N][4]) {
   }
 }
 
-// acc += A B, one m64nNk16 product (N = 16, 32 or 64) of bf16 operands given by their descriptors;
-// kTransA / kTransB: the operand is MN-major. The predicate p (scale-d) is true: accumulate.
-template <int kTransA, int kTransB>
+// acc += kScaleA A B, one m64nNk16 product (N = 16, 32 or 64) of bf16 operands given by their
+// descriptors; kTransA / kTransB: the operand is MN-major; kScaleA: 1 or -1. The predicate p
+// (scale-d) is true: accumulate.
+template <int kTransA, int kTransB, int kScaleA = 1>
 __device__ __forceinline__ void wgmma_bf16(float (&acc)[2][4], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, "
-      "%10, %11;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, %10, 1, "
+      "%11, %12;\n}\n"
       : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][0]), "+f"(acc[1][1]),
         "+f"(acc[1][2]), "+f"(acc[1][3])
-      : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+      : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
 }
 
-template <int kTransA, int kTransB>
+template <int kTransA, int kTransB, int kScaleA = 1>
 __device__ __forceinline__ void wgmma_bf16(float (&acc)[4][4], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15}, %16, %17, p, 1, 1, %18, %19;\n}\n"
+      "%12, %13, %14, %15}, %16, %17, p, %18, 1, %19, %20;\n}\n"
       : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][0]), "+f"(acc[1][1]),
         "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[2][0]), "+f"(acc[2][1]), "+f"(acc[2][2]), "+f"(acc[2][3]),
         "+f"(acc[3][0]), "+f"(acc[3][1]), "+f"(acc[3][2]), "+f"(acc[3][3])
-      : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+      : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
 }
 
-template <int kTransA, int kTransB>
+template <int kTransA, int kTransB, int kScaleA = 1>
 __device__ __forceinline__ void wgmma_bf16(float (&acc)[8][4], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
       "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, "
-      "%33, p, 1, 1, %34, %35;\n}\n"
+      "%33, p, %34, 1, %35, %36;\n}\n"
       : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][0]), "+f"(acc[1][1]),
         "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[2][0]), "+f"(acc[2][1]), "+f"(acc[2][2]), "+f"(acc[2][3]),
         "+f"(acc[3][0]), "+f"(acc[3][1]), "+f"(acc[3][2]), "+f"(acc[3][3]), "+f"(acc[4][0]), "+f"(acc[4][1]),
         "+f"(acc[4][2]), "+f"(acc[4][3]), "+f"(acc[5][0]), "+f"(acc[5][1]), "+f"(acc[5][2]), "+f"(acc[5][3]),
         "+f"(acc[6][0]), "+f"(acc[6][1]), "+f"(acc[6][2]), "+f"(acc[6][3]), "+f"(acc[7][0]), "+f"(acc[7][1]),
         "+f"(acc[7][2]), "+f"(acc[7][3])
-      : "l"(a), "l"(b), "n"(kTransA), "n"(kTransB));
+      : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
 }
 
 // x as two bf16 pairs whose sum holds it to about 2^-17 relative: hi rounded to nearest, lo the

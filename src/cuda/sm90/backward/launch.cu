@@ -2,6 +2,9 @@
 // activated inputs) unless the forward kept them (keep_forward), then B1 to B8 and the
 // parameter-gradient reduction. No allocation, no copy
 // and no synchronisation: everything is enqueued on the caller's stream.
+#include <cmath>
+#include <cstdint>
+
 #include "core/error.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/common/device_guard.cuh"
@@ -11,6 +14,7 @@
 #include "cuda/sm90/backward/bwd_params.cuh"
 #include "cuda/sm90/backward/bwd_prepare.cuh"
 #include "cuda/sm90/backward/bwd_state.cuh"
+#include "cuda/sm90/backward/bwd_state_wgmma.cuh"
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
 #include "cuda/sm90/launch.cuh"
 
@@ -64,6 +68,31 @@ void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
   params.ws = BackwardWorkspace::carve(m, p, fwd, bytes);
 }
 
+// B2: on wgmma at the common shape with bf16 products and a bf16 dO whose rows start 16-byte
+// aligned (copied 16 bytes at a time), for a scale s whose inverse is a normal float too (the pass
+// holds dS / s), else the mma.sync pass.
+template <Products kP, typename Dims, typename DoT>
+void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+  if constexpr (std::is_same_v<Dims, CommonDims> && sizeof(DoT) == 2) {
+    const float scale = params.fwd.scale;
+    if (reinterpret_cast<uintptr_t>(params.d_o) % 16 == 0 && std::isnormal(scale) && std::isnormal(1.f / scale)) {
+      return with_wgmma_state_tile(p, [&](auto tile) {
+        constexpr int kTile = decltype(tile)::value;
+        const auto kernel = bwd_state_wgmma_kernel<kTile>;
+        prefer_max_shared(kernel);
+        launch(kernel, state_pass_grid(p, kTile), StateConfig::kThreads, BwdStateWgmmaLayout<kTile>::bytes, s, params);
+      });
+    }
+  }
+  const size_t smem = BwdStateLayout::bytes(p.chunk, static_cast<int>(p.K), operand_bytes(kP), sizeof(DoT));
+  with_state_residency<kP>(p, smem, [&](auto residency) {
+    using R = decltype(residency);
+    const auto kernel = bwd_state_kernel<kP, R, Dims, DoT>;
+    if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
+    launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
+  });
+}
+
 }  // namespace
 
 uint64_t backward_workspace_bytes(const Problem& p) {
@@ -99,16 +128,7 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
       });
     });
     with_d_o_storage<kP>(params.d_o_dtype, [&](auto d_o) {
-      using DoT = decltype(d_o);
-      const size_t smem = BwdStateLayout::bytes(C, K, operand_bytes(kP), sizeof(DoT));
-      with_state_residency<kP>(p, smem, [&](auto residency) {
-        using R = decltype(residency);
-        with_dims<kP>(p, [&](auto dims) {
-          const auto kernel = bwd_state_kernel<kP, R, decltype(dims), DoT>;
-          if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
-          launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
-        });
-      });
+      with_dims<kP>(p, [&](auto dims) { backward_state_pass<kP, decltype(dims), decltype(d_o)>(p, params, s); });
     });
     with_dims<kP>(p, [&](auto dims) {
       using Dims = decltype(dims);
