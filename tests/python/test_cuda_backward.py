@@ -33,6 +33,7 @@ def run(case, device, dtype=torch.float32, seed=0):
                 use_gate_in_kernel=case.get("gate_in_kernel", False),
                 use_beta_sigmoid_in_kernel=case.get("beta_logits", False), state_v_first=case.get("state_v_first", False))
     no_A_log = case.pop("no_A_log", False)
+    misaligned_do = case.pop("misaligned_do", False)
     torch.manual_seed(seed)
     x = make_inputs(dtype=dtype, requires_grad=False, **case)
     if no_A_log:
@@ -43,7 +44,10 @@ def run(case, device, dtype=torch.float32, seed=0):
     o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                           initial_state=leaves["initial_state"], A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
                           cu_seqlens=leaves.get("cu_seqlens"), **opts)
-    outs, grads_in = [o], [do.to(device)]
+    do_in = do.to(device)
+    if misaligned_do:  # contiguous, its start 2 bytes past a 16-byte boundary
+        do_in = torch.empty(do.numel() + 1, dtype=dtype, device=device)[1:].view(do.shape).copy_(do)
+    outs, grads_in = [o], [do_in]
     if ht is not None:
         outs.append(ht)
         grads_in.append(torch.randn(ht.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device))
@@ -81,12 +85,13 @@ def test_gradients_match_gold_like_cpu(case):
 # gradients stay below FLA's on bfloat16 (dh0 1.7e-3, dA_log 4.5e-3, ddt_bias 6.8e-3 in the
 # benchmark's gold comparison).
 # K = V = 128 with chunks of 64 is the shape whose kernels run with compile-time dims (sm90/dims.hpp).
-# K128-wide (WIDE): enough sequences x heads that the forward's wgmma state pass takes 64-column
-# V-tiles.
-SHAPES = [dict(K=64, V=64), dict(K=128, V=128), WIDE]
+# K128-wide (WIDE): enough sequences x heads that the wgmma state passes take 64-column V-tiles.
+# K128-misaligned-dO: a bf16 dO whose rows do not start 16-byte aligned, which B2's wgmma pass does
+# not copy: its mma.sync pass runs instead.
+SHAPES = [dict(K=64, V=64), dict(K=128, V=128), WIDE, dict(K=128, V=128, misaligned_do=True)]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["K64", "K128", "K128-wide"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["K64", "K128", "K128-wide", "K128-misaligned-dO"])
 @pytest.mark.parametrize("dtype,bound,fp32_bound", [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 1e-4)])
 def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
     case = dict(B=1, T=300, H=2, HV=4, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True, lower_bound=-5.0,
