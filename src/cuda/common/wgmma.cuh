@@ -120,6 +120,22 @@ __device__ __forceinline__ void wgmma_bf16(float (&acc)[8][4], uint64_t a, uint6
       : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
 }
 
+// acc += kScaleA A (B_hi + B_lo) over k = 0 .. kKExtent - 1, one product per part and k-step: A
+// [64, k] and B's parts [N, k] bf16 operands in the canonical layout (CoreMatrices<kKExtent>), A
+// K-major (kTransA = 0) or MN-major from its row block a_block (8 rows each), B MN-major from its
+// column block b_block.
+template <int kKExtent, int kTransA, int kScaleA = 1, int N>
+__device__ __forceinline__ void wgmma_split_b(float (&acc)[N][4], const char* a, int a_block, const char* b_hi,
+                                              const char* b_lo, int b_block) {
+  using Operand = CoreMatrices<kKExtent>;
+#pragma unroll
+  for (int k0 = 0; k0 < kKExtent; k0 += 16) {
+    const uint64_t da = Operand::descriptor(a, a_block, k0);
+    wgmma_bf16<kTransA, 1, kScaleA>(acc, da, Operand::descriptor(b_hi, b_block, k0));
+    wgmma_bf16<kTransA, 1, kScaleA>(acc, da, Operand::descriptor(b_lo, b_block, k0));
+  }
+}
+
 // x as two bf16 pairs whose sum holds it to about 2^-17 relative: hi rounded to nearest, lo the
 // rounded remainder. Products of a bf16 operand with hi and with lo, summed in fp32, are closer to
 // the fp32 product than one TF32 product (2^-11).

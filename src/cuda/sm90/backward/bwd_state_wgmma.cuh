@@ -24,6 +24,7 @@
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
+#include "cuda/sm90/forward/wgmma_state_block.cuh"
 
 namespace fkt::cuda {
 
@@ -54,77 +55,52 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
   constexpr int kThreads = StateConfig::kThreads, C = L::kC, K = L::kK, V = CommonDims::v(ForwardParams{});
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K && V % kTile == 0,
                 "the common shape, whole V-tiles");
-  constexpr int tiles = V / kTile;
-  const int64_t n = blockIdx.x / tiles;
-  const int head = blockIdx.y, e0 = static_cast<int>(blockIdx.x % tiles) * kTile;
-  const SequenceSpan seq = sequence_span(f, n);
+  const WgmmaStateBlock<kTile> b(f);
   extern __shared__ __align__(128) float smem_floats[];
   char* smem = reinterpret_cast<char*>(smem_floats);
   const float* g_last = reinterpret_cast<const float*>(smem + L::g_last);
-  const int warp = threadIdx.x / 32, half = warp / 4;
-  const int row0 = 64 * half + 16 * (warp % 4);  // the warp's first state row
-  const int crow0 = 16 * (warp % 4);             // its first chunk row of d_delta
   const float s = f.scale, inv_s = 1.f / f.scale;
-  const int64_t chunks = ceil_div(seq.length, C);
-  // (token, head) rows: the sequence's first, and a chunk's advance; chunk rows of a state.
-  const int64_t first = seq.first_row * f.HV + head, step = static_cast<int64_t>(C) * f.HV;
-  const int64_t first_state = seq.first_chunk * f.HV + head;
-  const auto* kd_src = static_cast<const __nv_bfloat16*>(f.ws.k_down) + first * K;
-  const auto* w_src = static_cast<const __nv_bfloat16*>(f.ws.W) + first * K;
-  const auto* qu_src = static_cast<const __nv_bfloat16*>(f.ws.q_up) + first * f.ws.q_up_pitch;
-  const auto* d_o_src = static_cast<const __nv_bfloat16*>(p.d_o) + first * V + e0;
-  float* d_delta = p.ws.d_delta + first * V + e0;
-  auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
+  const auto* kd_src = static_cast<const __nv_bfloat16*>(f.ws.k_down) + b.first * K;
+  const auto* w_src = static_cast<const __nv_bfloat16*>(f.ws.W) + b.first * K;
+  const auto* qu_src = static_cast<const __nv_bfloat16*>(f.ws.q_up) + b.first * f.ws.q_up_pitch;
+  const auto* d_o_src = static_cast<const __nv_bfloat16*>(p.d_o) + b.first * V + b.e0;
+  float* d_delta = p.ws.d_delta + b.first * V + b.e0;
   auto mn_rows = [](int r, int c) { return L::RowsT::mn_major(8 * c, r); };
   // Group A: K_down of chunk j; group B: W, Q_up, gamma_L and dO. Rows past the end are zero.
   auto issue_delta = [&](int64_t j) {
-    copy_cells16_async<kThreads, C, K / 8>(smem + L::kd, kd_src + j * step * K, 2 * f.HV * K, rows_of(j),
+    copy_cells16_async<kThreads, C, K / 8>(smem + L::kd, kd_src + j * b.step * K, 2 * f.HV * K, b.rows_of(j),
                                            [](int r, int c) { return L::Kd::k_major(r, 8 * c); });
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
-    const int64_t row = j * step, pitch = f.ws.q_up_pitch;
-    copy_cells16_async<kThreads, C, K / 8>(smem + L::w, w_src + row * K, 2 * f.HV * K, rows_of(j), mn_rows);
-    copy_cells16_async<kThreads, C, K / 8>(smem + L::qu, qu_src + row * pitch, 2 * f.HV * pitch, rows_of(j), mn_rows);
-    copy_cells16_async<kThreads, 1, K / 4>(smem + L::g_last, f.ws.g_last + (first_state + j * f.HV) * K, 0, 1,
+    const int64_t row = j * b.step, pitch = f.ws.q_up_pitch;
+    copy_cells16_async<kThreads, C, K / 8>(smem + L::w, w_src + row * K, 2 * f.HV * K, b.rows_of(j), mn_rows);
+    copy_cells16_async<kThreads, C, K / 8>(smem + L::qu, qu_src + row * pitch, 2 * f.HV * pitch, b.rows_of(j), mn_rows);
+    copy_cells16_async<kThreads, 1, K / 4>(smem + L::g_last, f.ws.g_last + (b.first_state + j * f.HV) * K, 0, 1,
                                            [](int, int c) { return 16 * c; });
-    copy_cells16_async<kThreads, C, kTile / 8>(smem + L::d_o, d_o_src + row * V, 2 * f.HV * V, rows_of(j),
+    copy_cells16_async<kThreads, C, kTile / 8>(smem + L::d_o, d_o_src + row * V, 2 * f.HV * V, b.rows_of(j),
                                                [](int r, int c) { return L::Delta::mn_major(8 * c, r); });
     cp_async_commit();
   };
-  // The intra part of d_delta of chunk j into registers, in the layout of the warpgroup's d_delta
-  // accumulator; rows past the end are zero. Loaded a chunk ahead.
+  // The intra part of d_delta into registers, in the layout of the warpgroup's d_delta accumulator,
+  // loaded a chunk ahead.
   float intra[kTile / 16][4];
-  auto load_intra = [&](int64_t j) {
-    const int l = rows_of(j);
-#pragma unroll
-    for (int t = 0; t < kTile / 16; ++t) {
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        const int row = crow0 + acc_row(i);
-        const float2 x = row < l ? load2(d_delta + (j * step + row * f.HV) * V + kTile / 2 * half + acc_col(t, i))
-                                 : make_float2(0.f, 0.f);
-        intra[t][i] = x.x;
-        intra[t][i + 1] = x.y;
-      }
-    }
-  };
-
   float e[kTile / 8][4];  // dS / s
   transform_acc(e, [&](int r, int col, float) {
-    return p.d_final_state != nullptr ? inv_s * p.d_final_state[state_index(f, n, head, row0 + r, e0 + col)] : 0.f;
+    const float* dht = p.d_final_state;
+    return dht != nullptr ? inv_s * dht[state_index(f, b.n, b.head, b.row0 + r, b.e0 + col)] : 0.f;
   });
-  if (chunks > 0) {
-    issue_delta(chunks - 1);
-    issue_update(chunks - 1);
-    load_intra(chunks - 1);
+  if (b.chunks > 0) {
+    issue_delta(b.chunks - 1);
+    issue_update(b.chunks - 1);
+    b.load_chunk_rows(intra, d_delta, b.chunks - 1);
   }
-  for (int64_t j = chunks - 1; j >= 0; --j) {
-    const int l = rows_of(j);
+  for (int64_t j = b.chunks - 1; j >= 0; --j) {
+    const int l = b.rows_of(j);
     char* const ops = unhoisted(smem);  // the products' operands
     // The split mirror of dS (its readers waited at the later chunk's barriers).
     for_each_acc_pair(e, [&](int r, int col, float2 x) {
-      store_split_pair(smem + L::ds_hi, smem + L::ds_lo, L::DS::mn_major(col, row0 + r),
+      store_split_pair(smem + L::ds_hi, smem + L::ds_lo, L::DS::mn_major(col, b.row0 + r),
                        make_float2(s * x.x, s * x.y));
     });
     float dd[kTile / 16][4];
@@ -138,19 +114,14 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     __syncthreads();
     pin_accumulator(dd);
     wgmma_fence();
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      const uint64_t a = L::Kd::descriptor(ops + L::kd, 0, k0);
-      wgmma_bf16<0, 1>(dd, a, L::DS::descriptor(ops + L::ds_hi, kTile / 16 * half, k0));
-      wgmma_bf16<0, 1>(dd, a, L::DS::descriptor(ops + L::ds_lo, kTile / 16 * half, k0));
-    }
+    wgmma_split_b<K, 0>(dd, ops + L::kd, 0, ops + L::ds_hi, ops + L::ds_lo, kTile / 16 * b.half);
     wgmma_commit();
-    if (j > 0) load_intra(j - 1);
+    if (j > 0) b.load_chunk_rows(intra, d_delta, j - 1);
     wgmma_wait();
     pin_accumulator(dd);
-    float* dd_rows = d_delta + j * step * V;
+    float* dd_rows = d_delta + j * b.step * V;
     for_each_acc_pair(dd, [&](int r, int col, float2 x) {
-      const int row = crow0 + r, c = kTile / 2 * half + col;
+      const int row = b.crow0 + r, c = kTile / 2 * b.half + col;
       if (row < l) store2(dd_rows + static_cast<int64_t>(row) * f.HV * V + c, x);
       store_split_pair(smem + L::dd_hi, smem + L::dd_lo, L::Delta::mn_major(c, row),
                        make_float2(inv_s * x.x, inv_s * x.y));
@@ -160,22 +131,20 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     __syncthreads();  // K_down and dS's parts are consumed; d_delta's parts, W, Q_up, gamma_L and dO are in
     if (j > 0) issue_delta(j - 1);
     for_each_acc_pair(e, [&](int r, int col, float2 x) {  // dS, staged for its store
-      store2(reinterpret_cast<float*>(smem + L::ds_hi + Rows::at(row0 + r, col)), make_float2(s * x.x, s * x.y));
+      store2(reinterpret_cast<float*>(smem + L::ds_hi + Rows::at(b.row0 + r, col)), make_float2(s * x.x, s * x.y));
     });
-    const float decay[2] = {expf(g_last[row0 + acc_row(0)]), expf(g_last[row0 + acc_row(2)])};
+    const float decay[2] = {expf(g_last[b.row0 + acc_row(0)]), expf(g_last[b.row0 + acc_row(2)])};
     transform_acc(e, [&](int r, int, float x) { return decay[r == acc_row(0) ? 0 : 1] * x; });
     pin_accumulator(e);
     wgmma_fence();
+    wgmma_split_b<C, 1, -1>(e, ops + L::w, 8 * b.half, ops + L::dd_hi, ops + L::dd_lo, 0);
 #pragma unroll
     for (int k0 = 0; k0 < C; k0 += 16) {
-      const uint64_t w = L::RowsT::descriptor(ops + L::w, 8 * half, k0);
-      wgmma_bf16<1, 1, -1>(e, w, L::Delta::descriptor(ops + L::dd_hi, 0, k0));
-      wgmma_bf16<1, 1, -1>(e, w, L::Delta::descriptor(ops + L::dd_lo, 0, k0));
-      wgmma_bf16<1, 1>(e, L::RowsT::descriptor(ops + L::qu, 8 * half, k0), L::Delta::descriptor(ops + L::d_o, 0, k0));
+      wgmma_bf16<1, 1>(e, L::RowsT::descriptor(ops + L::qu, 8 * b.half, k0), L::Delta::descriptor(ops + L::d_o, 0, k0));
     }
     wgmma_commit();
     __syncthreads();  // dS is staged
-    store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (first_state + j * f.HV) * K * V + e0, 4 * V,
+    store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (b.first_state + j * f.HV) * K * V + b.e0, 4 * V,
                                           smem + L::ds_hi, K, Rows::cell);  // while the products run
     wgmma_wait();
     pin_accumulator(e);
@@ -183,7 +152,7 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     if (j > 0) issue_update(j - 1);
   }
   if (p.dh0 == nullptr) return;
-  for_each_acc(e, [&](int r, int col, float x) { p.dh0[state_index(f, n, head, row0 + r, e0 + col)] = s * x; });
+  for_each_acc(e, [&](int r, int col, float x) { p.dh0[state_index(f, b.n, b.head, b.row0 + r, b.e0 + col)] = s * x; });
 }
 
 }  // namespace fkt::cuda

@@ -24,6 +24,7 @@
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
+#include "cuda/sm90/forward/wgmma_state_block.cuh"
 
 namespace fkt::cuda {
 
@@ -84,87 +85,62 @@ __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, st
   constexpr bool kBf16States = sizeof(std::conditional_t<kOutput, float, Stored>) == 2;
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K && V % kTile == 0,
                 "the common shape, whole V-tiles");
-  constexpr int tiles = V / kTile;
-  const int64_t n = blockIdx.x / tiles;
-  const int head = blockIdx.y, e0 = static_cast<int>(blockIdx.x % tiles) * kTile;
-  const SequenceSpan seq = sequence_span(p, n);
+  const WgmmaStateBlock<kTile> b(p);
   extern __shared__ __align__(128) float smem_floats[];
   char* smem = reinterpret_cast<char*>(smem_floats);
   char* W = smem + L::w;
   char* kd = smem + L::kd;
   const float* g_last = reinterpret_cast<const float*>(smem + L::g_last);
-  const int warp = threadIdx.x / 32, half = warp / 4;
-  const int row0 = 64 * half + 16 * (warp % 4);  // the warp's first state row
-  const int crow0 = 16 * (warp % 4);             // its first chunk row of delta
-  const int64_t chunks = ceil_div(seq.length, C);
-  // (token, head) rows: the sequence's first, and a chunk's advance; chunk rows of a state.
-  const int64_t first = seq.first_row * p.HV + head, step = static_cast<int64_t>(C) * p.HV;
-  const int64_t first_state = seq.first_chunk * p.HV + head;
-  const auto* w_src = static_cast<const __nv_bfloat16*>(p.ws.W) + first * K;
-  const auto* kd_src = static_cast<const __nv_bfloat16*>(p.ws.k_down) + first * K;
-  const auto* qu_src = static_cast<const __nv_bfloat16*>(p.ws.q_up) + first * p.ws.q_up_pitch;
-  const auto* p_src = static_cast<const __nv_bfloat16*>(p.ws.P) + first * C;
-  const float* u_src = p.ws.U + first * V + e0;
-  auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
+  const auto* w_src = static_cast<const __nv_bfloat16*>(p.ws.W) + b.first * K;
+  const auto* kd_src = static_cast<const __nv_bfloat16*>(p.ws.k_down) + b.first * K;
+  const auto* qu_src = static_cast<const __nv_bfloat16*>(p.ws.q_up) + b.first * p.ws.q_up_pitch;
+  const auto* p_src = static_cast<const __nv_bfloat16*>(p.ws.P) + b.first * C;
+  const float* u_src = p.ws.U + b.first * V + b.e0;
   // Group A: W (and Q_up) of chunk j; group B: K_down, gamma_L (and P). Rows past the end are zero.
   auto issue_values = [&](int64_t j) {
-    copy_cells16_async<kThreads, C, K / 8>(W, w_src + j * step * K, 2 * p.HV * K, rows_of(j),
+    copy_cells16_async<kThreads, C, K / 8>(W, w_src + j * b.step * K, 2 * p.HV * K, b.rows_of(j),
                                            [](int r, int c) { return L::Wm::k_major(r, 8 * c); });
     if constexpr (kOutput) {
       const int64_t pitch = p.ws.q_up_pitch;
-      copy_cells16_async<kThreads, C, K / 8>(smem + L::qu, qu_src + j * step * pitch, 2 * p.HV * pitch, rows_of(j),
+      copy_cells16_async<kThreads, C, K / 8>(smem + L::qu, qu_src + j * b.step * pitch, 2 * p.HV * pitch, b.rows_of(j),
                                              [](int r, int c) { return L::Wm::k_major(r, 8 * c); });
     }
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
-    copy_cells16_async<kThreads, C, K / 8>(kd, kd_src + j * step * K, 2 * p.HV * K, rows_of(j),
+    copy_cells16_async<kThreads, C, K / 8>(kd, kd_src + j * b.step * K, 2 * p.HV * K, b.rows_of(j),
                                            [](int r, int c) { return L::KdT::mn_major(8 * c, r); });
-    copy_cells16_async<kThreads, 1, K / 4>(smem + L::g_last, p.ws.g_last + (first_state + j * p.HV) * K, 0, 1,
+    copy_cells16_async<kThreads, 1, K / 4>(smem + L::g_last, p.ws.g_last + (b.first_state + j * p.HV) * K, 0, 1,
                                            [](int, int c) { return 16 * c; });
     if constexpr (kOutput) {
-      copy_cells16_async<kThreads, C, C / 8>(smem + L::pm, p_src + j * step * C, 2 * p.HV * C, rows_of(j),
+      copy_cells16_async<kThreads, C, C / 8>(smem + L::pm, p_src + j * b.step * C, 2 * p.HV * C, b.rows_of(j),
                                              [](int r, int c) { return L::Pm::k_major(r, 8 * c); });
     }
     cp_async_commit();
   };
-  // U of chunk j into registers, in the layout of the warpgroup's delta accumulator (its half of the
-  // columns); rows past the end are zero. Loaded a chunk ahead: no shared memory, no barrier.
+  // U of chunk j into registers, in the layout of the warpgroup's delta accumulator, loaded a chunk
+  // ahead: no shared memory, no barrier.
   float u[kTile / 16][4];
-  auto load_values = [&](int64_t j) {
-    const int l = rows_of(j);
-#pragma unroll
-    for (int t = 0; t < kTile / 16; ++t) {
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        const int row = crow0 + acc_row(i);
-        const float2 x = row < l ? load2(u_src + (j * step + row * p.HV) * V + kTile / 2 * half + acc_col(t, i))
-                                 : make_float2(0.f, 0.f);
-        u[t][i] = x.x;
-        u[t][i + 1] = x.y;
-      }
-    }
-  };
 
   float s[kTile / 8][4];
   transform_acc(s, [&](int r, int col, float) {
-    return p.initial_state != nullptr ? p.initial_state[state_index(p, n, head, row0 + r, e0 + col)] : 0.f;
+    return p.initial_state != nullptr ? p.initial_state[state_index(p, b.n, b.head, b.row0 + r, b.e0 + col)] : 0.f;
   });
-  if (chunks > 0) {
+  if (b.chunks > 0) {
     issue_values(0);
     issue_update(0);
-    load_values(0);
+    b.load_chunk_rows(u, u_src, 0);
   }
-  for (int64_t j = 0; j < chunks; ++j) {
-    const int l = rows_of(j);
+  for (int64_t j = 0; j < b.chunks; ++j) {
+    const int l = b.rows_of(j);
     char* const ops = unhoisted(smem);  // the products' operands
     // h_j: the split mirror (its readers waited at the previous chunk's barriers), and
     // intermediate_states ([B, NT, HV, ...], (b, j) flattening to the chunk row as the states').
-    const int64_t base = (first_state + j * p.HV) * K * V;
+    const int64_t base = (b.first_state + j * p.HV) * K * V;
     for_each_acc_pair(s, [&](int r, int col, float2 x) {
-      const int d = row0 + r;
+      const int d = b.row0 + r;
       store_split_pair(smem + L::s_hi, smem + L::s_lo, L::S::mn_major(col, d), x);
-      if (p.intermediate_states != nullptr) store_intermediate_pair(p, base, d, e0 + col, x);
+      if (p.intermediate_states != nullptr) store_intermediate_pair(p, base, d, b.e0 + col, x);
     });
     cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
     fence_proxy_async_shared();
@@ -176,23 +152,18 @@ __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, st
     pin_accumulator(acc);
     pin_accumulator(o);
     wgmma_fence();
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      const uint64_t a = L::Wm::descriptor(ops + L::w, 0, k0);
-      wgmma_bf16<0, 1>(acc, a, L::S::descriptor(ops + L::s_hi, kTile / 16 * half, k0));
-      wgmma_bf16<0, 1>(acc, a, L::S::descriptor(ops + L::s_lo, kTile / 16 * half, k0));
-    }
+    wgmma_split_b<K, 0>(acc, ops + L::w, 0, ops + L::s_hi, ops + L::s_lo, kTile / 16 * b.half);
     wgmma_commit();
     if constexpr (kOutput) {
 #pragma unroll
       for (int k0 = 0; k0 < K; k0 += 16) {
         const uint64_t q = L::Wm::descriptor(ops + L::qu, 0, k0);
-        wgmma_bf16<0, 1>(o, q, L::S::descriptor(ops + L::s_hi, kTile / 16 * half, k0));
+        wgmma_bf16<0, 1>(o, q, L::S::descriptor(ops + L::s_hi, kTile / 16 * b.half, k0));
       }
       wgmma_commit();
     }
     if constexpr (!kOutput && kBf16States) {  // row d's 8-column blocks of S's hi part, while the product runs
-      store_cells16<kThreads, K, kTile / 8>(static_cast<Stored*>(p.ws.states) + base + e0, 2 * V, smem + L::s_hi, K,
+      store_cells16<kThreads, K, kTile / 8>(static_cast<Stored*>(p.ws.states) + base + b.e0, 2 * V, smem + L::s_hi, K,
                                             [](int d, int c) { return L::S::mn_major(8 * c, d); });
     }
     wgmma_wait<kOutput ? 1 : 0>();
@@ -203,11 +174,11 @@ __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, st
       for (int i = 0; i < 4; ++i) acc[t][i] = u[t][i] - acc[t][i];
     }
     for_each_acc_pair(acc, [&](int r, int col, float2 d) {
-      const int row = crow0 + r, e = kTile / 2 * half + col;
+      const int row = b.crow0 + r, e = kTile / 2 * b.half + col;
       store_split_pair(smem + L::d_hi, smem + L::d_lo, L::Delta::mn_major(e, row), d);
       if constexpr (!kOutput) store2(reinterpret_cast<float*>(smem + L::out + Rows::at(row, e)), d);
     });
-    if (j + 1 < chunks) load_values(j + 1);
+    if (j + 1 < b.chunks) b.load_chunk_rows(u, u_src, j + 1);
     if constexpr (kOutput) {
       wgmma_wait();
       pin_accumulator(o);
@@ -216,36 +187,27 @@ __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, st
     cp_async_wait<0>();  // group B of chunk j
     fence_proxy_async_shared();
     __syncthreads();  // W, Q_up and S are consumed; delta, K_down, gamma_L and P are in
-    if (j + 1 < chunks) issue_values(j + 1);
+    if (j + 1 < b.chunks) issue_values(j + 1);
     if constexpr (!kOutput) {
-      store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (first + j * step) * V + e0, 4 * p.HV * V, smem + L::out, l,
-                                            Rows::cell);
+      float* delta = p.ws.delta + (b.first + j * b.step) * V + b.e0;
+      store_cells16<kThreads, C, kTile / 4>(delta, 4 * p.HV * V, smem + L::out, l, Rows::cell);
       if constexpr (!kBf16States) {
         for_each_acc_pair(s, [&](int r, int col, float2 x) {
-          store2(reinterpret_cast<float*>(smem + L::s_hi + Rows::at(row0 + r, col)), x);
+          store2(reinterpret_cast<float*>(smem + L::s_hi + Rows::at(b.row0 + r, col)), x);
         });
       }
     }
-    const float decay[2] = {expf(g_last[row0 + acc_row(0)]), expf(g_last[row0 + acc_row(2)])};
+    const float decay[2] = {expf(g_last[b.row0 + acc_row(0)]), expf(g_last[b.row0 + acc_row(2)])};
     transform_acc(s, [&](int r, int, float x) { return decay[r == acc_row(0) ? 0 : 1] * x; });
     pin_accumulator(s);
     pin_accumulator(o);
     wgmma_fence();
-#pragma unroll
-    for (int k0 = 0; k0 < C; k0 += 16) {
-      const uint64_t a = L::KdT::descriptor(ops + L::kd, 8 * half, k0);
-      wgmma_bf16<1, 1>(s, a, L::Delta::descriptor(ops + L::d_hi, 0, k0));
-      wgmma_bf16<1, 1>(s, a, L::Delta::descriptor(ops + L::d_lo, 0, k0));
-      if constexpr (kOutput) {
-        const uint64_t pm = L::Pm::descriptor(ops + L::pm, 0, k0);
-        wgmma_bf16<0, 1>(o, pm, L::Delta::descriptor(ops + L::d_hi, kTile / 16 * half, k0));
-        wgmma_bf16<0, 1>(o, pm, L::Delta::descriptor(ops + L::d_lo, kTile / 16 * half, k0));
-      }
-    }
+    wgmma_split_b<C, 1>(s, ops + L::kd, 8 * b.half, ops + L::d_hi, ops + L::d_lo, 0);
+    if constexpr (kOutput) wgmma_split_b<C, 0>(o, ops + L::pm, 0, ops + L::d_hi, ops + L::d_lo, kTile / 16 * b.half);
     wgmma_commit();
     if constexpr (!kOutput && !kBf16States) {  // h_j staged above, stored while the product runs
       __syncthreads();
-      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + e0, 4 * V, smem + L::s_hi, K,
+      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::s_hi, K,
                                             Rows::cell);
     }
     wgmma_wait();
@@ -253,21 +215,21 @@ __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, st
     pin_accumulator(o);
     if constexpr (kOutput) {  // o's rows staged (the tile's previous reads ended at two barriers since)
       for_each_acc_pair(o, [&](int r, int col, float2 x) {
-        store2(reinterpret_cast<__nv_bfloat16*>(smem + L::out + Rows16::at(crow0 + r, kTile / 2 * half + col)), x);
+        store2(reinterpret_cast<__nv_bfloat16*>(smem + L::out + Rows16::at(b.crow0 + r, kTile / 2 * b.half + col)), x);
       });
     }
     __syncthreads();  // K_down, gamma_L, delta, P and the staged rows are consumed; o's rows are in
-    if (j + 1 < chunks) issue_update(j + 1);
+    if (j + 1 < b.chunks) issue_update(j + 1);
     if constexpr (kOutput) {
       if (p.o != nullptr) {
-        store_cells16<kThreads, C, kTile / 8>(static_cast<__nv_bfloat16*>(p.o) + (first + j * step) * V + e0,
+        store_cells16<kThreads, C, kTile / 8>(static_cast<__nv_bfloat16*>(p.o) + (b.first + j * b.step) * V + b.e0,
                                               2 * p.HV * V, smem + L::out, l, Rows16::cell);
       }
     }
   }
   if (p.final_state == nullptr) return;
   for_each_acc(s, [&](int r, int col, float x) {
-    p.final_state[state_index(p, n, head, row0 + r, e0 + col)] = x;
+    p.final_state[state_index(p, b.n, b.head, b.row0 + r, b.e0 + col)] = x;
   });
 }
 
