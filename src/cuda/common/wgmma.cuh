@@ -61,7 +61,7 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 
 // p, opaque to the compiler: descriptors formed from it in a loop's body are formed there, where
 // hoisted out of the loop they would hold a register each through it (fwd_state_wgmma's output
-// variant, 64 columns: 136 bytes of spill with its descriptors hoisted out of the chunk loop, 40
+// variant, 64 columns: 136 bytes of spill with its descriptors hoisted out of the chunk loop, 44
 // without).
 __device__ __forceinline__ char* unhoisted(char* p) {
   asm volatile("" : "+l"(p));
