@@ -120,6 +120,19 @@ __device__ __forceinline__ void wgmma_bf16(float (&acc)[8][4], uint64_t a, uint6
       : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
 }
 
+// acc += A B over k = 0 .. kKExtent - 1, one product per k-step: A [64, k] and B [N, k] bf16
+// operands in the canonical layout (CoreMatrices<kKExtent>), A K-major (kTransA = 0) or MN-major
+// from its row block a_block (8 rows each), B MN-major from its column block b_block.
+template <int kKExtent, int kTransA, int N>
+__device__ __forceinline__ void wgmma_over_k(float (&acc)[N][4], const char* a, int a_block, const char* b,
+                                             int b_block) {
+  using Operand = CoreMatrices<kKExtent>;
+#pragma unroll
+  for (int k0 = 0; k0 < kKExtent; k0 += 16) {
+    wgmma_bf16<kTransA, 1>(acc, Operand::descriptor(a, a_block, k0), Operand::descriptor(b, b_block, k0));
+  }
+}
+
 // acc += kScaleA A (B_hi + B_lo) over k = 0 .. kKExtent - 1, one product per part and k-step: A
 // [64, k] and B's parts [N, k] bf16 operands in the canonical layout (CoreMatrices<kKExtent>), A
 // K-major (kTransA = 0) or MN-major from its row block a_block (8 rows each), B MN-major from its

@@ -138,10 +138,7 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     pin_accumulator(e);
     wgmma_fence();
     wgmma_split_b<C, 1, -1>(e, ops + L::w, 8 * b.half, ops + L::dd_hi, ops + L::dd_lo, 0);
-#pragma unroll
-    for (int k0 = 0; k0 < C; k0 += 16) {
-      wgmma_bf16<1, 1>(e, L::RowsT::descriptor(ops + L::qu, 8 * b.half, k0), L::Delta::descriptor(ops + L::d_o, 0, k0));
-    }
+    wgmma_over_k<C, 1>(e, ops + L::qu, 8 * b.half, ops + L::d_o, 0);
     wgmma_commit();
     __syncthreads();  // dS is staged
     store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (b.first_state + j * f.HV) * K * V + b.e0, 4 * V,

@@ -25,7 +25,7 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   Carver carver(TensorRef(io.workspace, "workspace").bytes());
   BackwardParams params{};
   const int bytes = operand_bytes(products_for(p));
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(carver, p, true, bytes, CommonDims::matches(p));
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(carver, p, true, bytes);
   params.fwd = forward_params(p, fwd);
   params.ws = BackwardWorkspace::carve(carver, p, fwd, bytes);
   const TensorRef d_o(io.d_o, "d_o");
@@ -63,7 +63,7 @@ unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>(ceil_div
 // to B8 read), B1 into the backward's. One layout for sizing and for the run.
 void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
   const int bytes = operand_bytes(kSummaryProducts);
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, false, bytes, CommonDims::matches(p));
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, false, bytes);
   params.fwd = forward_params(p, fwd);
   params.ws = BackwardWorkspace::carve(m, p, fwd, bytes);
 }
@@ -98,8 +98,7 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
 uint64_t backward_workspace_bytes(const Problem& p) {
   Carver measure;
   const int bytes = operand_bytes(products_for(p));
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(measure, p, true, bytes, CommonDims::matches(p));
-  BackwardWorkspace::carve(measure, p, fwd, bytes);
+  BackwardWorkspace::carve(measure, p, ForwardWorkspace::carve(measure, p, true, bytes), bytes);
   return measure.bytes();
 }
 

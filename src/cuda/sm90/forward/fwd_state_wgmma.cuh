@@ -155,11 +155,7 @@ __launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, st
     wgmma_split_b<K, 0>(acc, ops + L::w, 0, ops + L::s_hi, ops + L::s_lo, kTile / 16 * b.half);
     wgmma_commit();
     if constexpr (kOutput) {
-#pragma unroll
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        const uint64_t q = L::Wm::descriptor(ops + L::qu, 0, k0);
-        wgmma_bf16<0, 1>(o, q, L::S::descriptor(ops + L::s_hi, kTile / 16 * b.half, k0));
-      }
+      wgmma_over_k<K, 0>(o, ops + L::qu, 0, ops + L::s_hi, kTile / 16 * b.half);
       wgmma_commit();
     }
     if constexpr (!kOutput && kBf16States) {  // row d's 8-column blocks of S's hi part, while the product runs

@@ -21,8 +21,7 @@ ForwardParams make_params(const Problem& p, const fkt_forward_outputs& out) {
   // With keep_forward the workspace is laid out as the backward's, whose first part the forward fills
   // (T and the activated inputs included) for the backward to read.
   const int bytes = operand_bytes(products_for(p));
-  const ForwardWorkspace ws = ForwardWorkspace::carve(carver, p, p.keep_forward, bytes, CommonDims::matches(p));
-  ForwardParams params = forward_params(p, ws);
+  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, p.keep_forward, bytes));
   params.o = data_or_null(out.o, "o");
   params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
@@ -66,7 +65,7 @@ void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
 // The forward's own layout (nothing kept for a backward), with products of precision `products`.
 uint64_t own_workspace_bytes(const Problem& p, Products products) {
   Carver measure;
-  ForwardWorkspace::carve(measure, p, false, operand_bytes(products), CommonDims::matches(p));
+  ForwardWorkspace::carve(measure, p, false, operand_bytes(products));
   return measure.bytes();
 }
 
@@ -150,8 +149,7 @@ uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return own_works
 void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
   Carver carver(workspace);
   CpForwardSummaryParams params{};
-  params.fwd = forward_params(
-      p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts), CommonDims::matches(p)));
+  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts)));
   params.sequence = sequence;
   params.summary = summary;
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);

@@ -6,6 +6,7 @@
 
 #include "core/carver.hpp"
 #include "core/problem.hpp"
+#include "cuda/sm90/dims.hpp"
 
 namespace fkt::cuda {
 
@@ -47,14 +48,13 @@ struct ForwardWorkspace {
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  // common_dims: the call's chunk size and head dims are CommonDims' (sm90/dims.hpp).
-  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes, bool common_dims) {
+  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: P and the states in
     // bf16, Q_up in gamma's rows.
     const bool compact = !for_backward && operand_bytes == 2;
-    w.output_in_state_pass = compact && common_dims;
+    w.output_in_state_pass = compact && CommonDims::matches(p);
     w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
     const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
     w.gamma = m.take<float>(rows * p.K);
