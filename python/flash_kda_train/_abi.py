@@ -15,7 +15,7 @@ import warnings
 from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _lib
-from ._tensors import pointer
+from ._tensors import Block, block_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Framework:
     """What the calls below need from a tensor framework (subclassed by each adapter)."""
 
     def describe(self, t):
-        """A ``_tensors.Described`` for tensor ``t`` (data pointer, device, dtype, shape, strides)."""
+        """The ``_tensors.Fields`` of tensor ``t`` (data pointer, device, dtype, shape, strides)."""
         raise NotImplementedError
 
     def shape(self, t) -> Sequence[int]:
@@ -153,19 +153,23 @@ def _describe(fw: Framework, t, name: str):
         raise ValueError(f"{name}: {e}") from None
 
 
+def describe_all(fw: Framework, names: Sequence[str], tensors: Sequence[Any]) -> Block:
+    """The tensors (None where absent) described in one block, in the order of ``names``."""
+    return Block([_describe(fw, t, name) for name, t in zip(names, tensors)])
+
+
 class Call:
-    """Described inputs and options of one library call; keeps every description alive."""
+    """Described inputs and options of one library call (``described.address`` is its fkt_inputs)."""
 
     def __init__(self, fw: Framework, cfg: Config, inputs: Inputs):
         self.fw = fw
         self.inputs = inputs
         self.options = cfg.options()
-        self.described = {name: _describe(fw, t, name) for name, t in inputs._asdict().items()}
-        self.struct = _lib.Inputs(**{name: pointer(d) for name, d in self.described.items()})
+        self.described = describe_all(fw, _lib.INPUT_NAMES, inputs)
 
     def sizes(self) -> _lib.Sizes:
         sizes = _lib.Sizes()
-        _lib.check(_lib.lib.fkt_plan_sizes(ctypes.byref(self.struct), ctypes.byref(self.options), ctypes.byref(sizes)))
+        _lib.check(_lib.lib.fkt_plan_sizes(self.described.address, ctypes.byref(self.options), ctypes.byref(sizes)))
         return sizes
 
     def buffer(self, nbytes: int):
@@ -204,14 +208,11 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
         tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
         h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
     workspace = call.buffer(sizes.forward_workspace_bytes)
-    outs = {name: _describe(fw, t, name) for name, t in
-            dict(o=o, final_state=final_state, intermediate_states=h, workspace=workspace).items()}
-    struct = _lib.ForwardOutputs(**{name: pointer(d) for name, d in outs.items()})
-    _lib.check(_lib.lib.fkt_forward(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct),
-                                    call.stream()))
+    outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace))
+    _lib.check(_lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream()))
     if not sizes.backward_reads_forward_workspace:
         return ForwardResult(o, final_state, h, None)
-    _USED_WORKSPACES.discard(outs["workspace"].struct.data)
+    _USED_WORKSPACES.discard(outs.fields[-1].data)
     return ForwardResult(o, final_state, h, workspace)
 
 
@@ -252,7 +253,7 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
         if saved is None:
             raise ValueError("disable_recompute: the CUDA backward reads the forward's intermediates; pass the "
                              "forward's saved workspace (ForwardResult.saved)")
-        address = fw.describe(saved).struct.data
+        address = fw.describe(saved).data
         if address in _USED_WORKSPACES:
             raise RuntimeError(WORKSPACE_USED)
         workspace = saved
@@ -266,13 +267,11 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
 
 
 def _call_backward(call: Call, workspace, d_o, d_final_state, grads, fn, gold=False):
-    tensors = dict(d_o=d_o, d_final_state=d_final_state, **grads._asdict(), workspace=workspace)
-    described = {name: _describe(call.fw, t, name) for name, t in tensors.items()}
-    struct = _lib.BackwardIO(**{name: pointer(d) for name, d in described.items()})
+    io = describe_all(call.fw, _lib.BACKWARD_IO_NAMES, (d_o, d_final_state, *grads, workspace))
     if gold:
-        _lib.check(fn(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct)))
+        _lib.check(fn(call.described.address, ctypes.byref(call.options), io.address))
     else:
-        _lib.check(fn(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(struct), call.stream()))
+        _lib.check(fn(call.described.address, ctypes.byref(call.options), io.address, call.stream()))
 
 
 def gold_forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool = True):
@@ -284,9 +283,9 @@ def gold_forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state:
         fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), "float64", inputs.q)
         if output_final_state else None
     )
-    do, dht = _describe(fw, o, "o"), _describe(fw, final_state, "final_state")
-    _lib.check(_lib.lib.fkt_gold_forward(ctypes.byref(call.struct), ctypes.byref(call.options), do.ref(),
-                                         pointer(dht)))
+    outs = block_of(_describe(fw, o, "o"), _describe(fw, final_state, "final_state"))
+    _lib.check(_lib.lib.fkt_gold_forward(call.described.address, ctypes.byref(call.options), outs.tensor(0),
+                                         outs.tensor(1)))
     return o, final_state
 
 

@@ -11,32 +11,10 @@ import os
 import pathlib
 
 _c_int32, _c_int64, _c_uint64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+_address = ctypes.c_void_p  # a struct or tensor description, a stream: by address, None for NULL
 
 DEVICE_CPU, DEVICE_CUDA = 1, 2
 BACKENDS = {"auto": 0, "cpu": 1, "cuda": 2}
-
-
-class Device(ctypes.Structure):
-    _fields_ = [("device_type", _c_int32), ("device_id", _c_int32)]
-
-
-class DType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", Device),
-        ("ndim", _c_int32),
-        ("dtype", DType),
-        ("shape", ctypes.POINTER(_c_int64)),
-        ("strides", ctypes.POINTER(_c_int64)),
-        ("byte_offset", _c_uint64),
-    ]
-
-
-TensorPtr = ctypes.POINTER(Tensor)
 
 
 class Options(ctypes.Structure):
@@ -56,22 +34,13 @@ class Options(ctypes.Structure):
     ]
 
 
+# The tensor arguments of a call are described in one buffer (``_tensors.Block``) whose leading
+# table of fkt_tensor pointers, in these orders, is the ABI's fkt_inputs, fkt_forward_outputs and
+# fkt_backward_io; they and single tensors are passed by address (c_void_p).
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu")
-
-
-class Inputs(ctypes.Structure):
-    _fields_ = [(name, TensorPtr) for name in INPUT_NAMES]
-
-
-class ForwardOutputs(ctypes.Structure):
-    _fields_ = [(name, TensorPtr) for name in ("o", "final_state", "intermediate_states", "workspace")]
-
-
+FORWARD_OUTPUT_NAMES = ("o", "final_state", "intermediate_states", "workspace")
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
-
-
-class BackwardIO(ctypes.Structure):
-    _fields_ = [(name, TensorPtr) for name in ("d_o", "d_final_state", *GRAD_NAMES, "workspace")]
+BACKWARD_IO_NAMES = ("d_o", "d_final_state", *GRAD_NAMES, "workspace")
 
 
 class Sizes(ctypes.Structure):
@@ -114,12 +83,12 @@ lib.fkt_last_error.restype = ctypes.c_char_p
 lib.fkt_version.restype = ctypes.c_char_p
 lib.fkt_has_cuda.restype = ctypes.c_int
 for _name, _args in {
-    "fkt_plan_sizes": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), ctypes.POINTER(Sizes)],
-    "fkt_forward": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), ctypes.POINTER(ForwardOutputs), ctypes.c_void_p],
-    "fkt_backward": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), ctypes.POINTER(BackwardIO), ctypes.c_void_p],
-    "fkt_gold_forward": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), TensorPtr, TensorPtr],
-    "fkt_gold_backward": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), ctypes.POINTER(BackwardIO)],
-    "fkt_stage_gate_cumsum": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), TensorPtr, ctypes.c_void_p],
+    "fkt_plan_sizes": [_address, ctypes.POINTER(Options), ctypes.POINTER(Sizes)],
+    "fkt_forward": [_address, ctypes.POINTER(Options), _address, _address],
+    "fkt_backward": [_address, ctypes.POINTER(Options), _address, _address],
+    "fkt_gold_forward": [_address, ctypes.POINTER(Options), _address, _address],
+    "fkt_gold_backward": [_address, ctypes.POINTER(Options), _address],
+    "fkt_stage_gate_cumsum": [_address, ctypes.POINTER(Options), _address, _address],
 }.items():
     getattr(lib, _name).argtypes = _args
     getattr(lib, _name).restype = ctypes.c_int
@@ -136,12 +105,10 @@ class CpSizes(ctypes.Structure):
 
 CP_FORWARD, CP_BACKWARD = 0, 1
 for _name, _args in {
-    "fkt_cp_plan_sizes": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), ctypes.POINTER(CpSizes)],
-    "fkt_cp_forward_summary": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), _c_int64, TensorPtr, TensorPtr,
-                               ctypes.c_void_p],
-    "fkt_cp_backward_summary": [ctypes.POINTER(Inputs), ctypes.POINTER(Options), TensorPtr, _c_int64, TensorPtr,
-                                TensorPtr, ctypes.c_void_p],
-    "fkt_cp_fold": [TensorPtr, _c_int64, _c_int64, _c_int32, _c_int32, TensorPtr, ctypes.c_void_p],
+    "fkt_cp_plan_sizes": [_address, ctypes.POINTER(Options), ctypes.POINTER(CpSizes)],
+    "fkt_cp_forward_summary": [_address, ctypes.POINTER(Options), _c_int64, _address, _address, _address],
+    "fkt_cp_backward_summary": [_address, ctypes.POINTER(Options), _address, _c_int64, _address, _address, _address],
+    "fkt_cp_fold": [_address, _c_int64, _c_int64, _c_int32, _c_int32, _address, _address],
 }.items():
     getattr(lib, _name).argtypes = _args
     getattr(lib, _name).restype = ctypes.c_int

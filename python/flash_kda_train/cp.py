@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from . import _abi, _core, _lib
-from ._tensors import describe_torch, pointer
+from ._tensors import block_of, describe_torch
 
 
 @dataclasses.dataclass
@@ -137,7 +137,7 @@ def _call(cfg: _core.Config, inputs: _core.Inputs) -> _abi.Call:
 
 def _cp_sizes(call: _abi.Call) -> _lib.CpSizes:
     sizes = _lib.CpSizes()
-    _lib.check(_lib.lib.fkt_cp_plan_sizes(ctypes.byref(call.struct), ctypes.byref(call.options), ctypes.byref(sizes)))
+    _lib.check(_lib.lib.fkt_cp_plan_sizes(call.described.address, ctypes.byref(call.options), ctypes.byref(sizes)))
     return sizes
 
 
@@ -156,9 +156,9 @@ def _forward_summary(call: _abi.Call, sizes: _lib.CpSizes, sequence: int) -> tor
     """forward_summary of a call already planned (sizes)."""
     out = _empty_summary(call.inputs)
     workspace = call.buffer(sizes.forward_summary_workspace_bytes)
-    d_out, d_ws = describe_torch(out), describe_torch(workspace) if workspace is not None else None
-    _lib.check(_lib.lib.fkt_cp_forward_summary(ctypes.byref(call.struct), ctypes.byref(call.options), sequence,
-                                               d_out.ref(), pointer(d_ws), call.stream()))
+    d = block_of(describe_torch(out), describe_torch(workspace) if workspace is not None else None)
+    _lib.check(_lib.lib.fkt_cp_forward_summary(call.described.address, ctypes.byref(call.options), sequence,
+                                               d.tensor(0), d.tensor(1), call.stream()))
     return out
 
 
@@ -172,20 +172,19 @@ def _backward_summary(call: _abi.Call, sizes: _lib.CpSizes, d_o: torch.Tensor, s
     """backward_summary of a call already planned (sizes)."""
     out = _empty_summary(call.inputs)
     workspace = call.buffer(sizes.backward_summary_workspace_bytes)
-    d_do, d_out = describe_torch(d_o), describe_torch(out)
-    d_ws = describe_torch(workspace) if workspace is not None else None
-    _lib.check(_lib.lib.fkt_cp_backward_summary(ctypes.byref(call.struct), ctypes.byref(call.options), d_do.ref(),
-                                                sequence, d_out.ref(), pointer(d_ws), call.stream()))
+    d = block_of(describe_torch(d_o), describe_torch(out), describe_torch(workspace) if workspace is not None else None)
+    _lib.check(_lib.lib.fkt_cp_backward_summary(call.described.address, ctypes.byref(call.options), d.tensor(0),
+                                                sequence, d.tensor(1), d.tensor(2), call.stream()))
     return out
 
 
 def fold(summaries: torch.Tensor, first: int, count: int, backward: bool, state_v_first: bool,
          out: torch.Tensor) -> torch.Tensor:
     """Folds gathered summaries of ranks ``first .. first + count - 1`` into ``out`` (one state)."""
-    d_sums, d_out = describe_torch(summaries), describe_torch(out)
+    d = block_of(describe_torch(summaries), describe_torch(out))
     stream = _core.TORCH.stream(out)
-    _lib.check(_lib.lib.fkt_cp_fold(d_sums.ref(), first, count, _lib.CP_BACKWARD if backward else _lib.CP_FORWARD,
-                                    int(state_v_first), d_out.ref(), stream))
+    _lib.check(_lib.lib.fkt_cp_fold(d.tensor(0), first, count, _lib.CP_BACKWARD if backward else _lib.CP_FORWARD,
+                                    int(state_v_first), d.tensor(1), stream))
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flash_kda_train import _lib
-from flash_kda_train._tensors import describe_torch
+from flash_kda_train._tensors import block_of, describe_torch
 
 LIB = _lib.lib
 _Options = _lib.Options
@@ -32,11 +32,11 @@ def stage_gate_cumsum(tensors, options, gamma=None):
     g = tensors["g"]
     if gamma is None:
         gamma = torch.full(g.shape, float("nan"), dtype=torch.float32, device=g.device)
-    described = {name: describe_torch(t) for name, t in tensors.items() if t is not None}
-    inputs = _lib.Inputs(**{name: d.ref() for name, d in described.items()})
-    out = describe_torch(gamma)
+    inputs = block_of(*(describe_torch(tensors[name]) if tensors.get(name) is not None else None
+                        for name in _lib.INPUT_NAMES))
+    out = block_of(describe_torch(gamma))
     stream = torch.cuda.current_stream(g.device).cuda_stream if g.is_cuda else None
-    _lib.check(LIB.fkt_stage_gate_cumsum(ctypes.byref(inputs), ctypes.byref(options), out.ref(), stream))
+    _lib.check(LIB.fkt_stage_gate_cumsum(inputs.address, ctypes.byref(options), out.tensor(0), stream))
     if g.is_cuda:
         torch.cuda.synchronize(g.device)
     return gamma
