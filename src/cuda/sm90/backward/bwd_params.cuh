@@ -10,8 +10,28 @@ namespace fkt::cuda {
 
 struct BwdParamsConfig {
   static constexpr int kThreads = 128;  // grid: ceil(HV * K / kThreads)
+  // Partials loaded before they are added, so a sum waits on one load latency per batch instead of
+  // one per chunk (0.11 ms at B2_T16384_H16's 512 chunks a sequence); the order of the adds stays.
+  static constexpr int kBatch = 8;
   static size_t smem_bytes(int, int, int) { return 0; }
 };
+
+// sum_{c < chunks} parts[c * stride] in ascending c, the loads of a whole batch issued together
+// (unconditional: predicated loads were scheduled one per add), then the rest one by one.
+__device__ __forceinline__ double sum_in_order(const double* parts, int64_t stride, int64_t chunks) {
+  constexpr int kBatch = BwdParamsConfig::kBatch;
+  double sum = 0.0;
+  int64_t c = 0;
+  for (; c + kBatch <= chunks; c += kBatch) {
+    double x[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) x[u] = parts[(c + u) * stride];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) sum += x[u];
+  }
+  for (; c < chunks; ++c) sum += parts[c * stride];
+  return sum;
+}
 
 // A parameter gradient leaves as its fp64 sum: unrounded into an fp64 output, as the CPU stores it,
 // else rounded through fp32 like every other output.
@@ -28,15 +48,11 @@ __global__ void __launch_bounds__(BwdParamsConfig::kThreads) bwd_params_kernel(c
   if (column >= columns) return;
   const int64_t chunks = f.cu_seqlens == nullptr ? f.N * f.chunks_per_row : f.ws.chunk_offsets[f.N];
   if (p.ddt_bias) {
-    double sum = 0.0;
-    for (int64_t c = 0; c < chunks; ++c) sum += p.ws.ddt_bias_parts[c * columns + column];
-    store_param_grad(p.ddt_bias, p.ddt_bias_dtype, column, sum);
+    store_param_grad(p.ddt_bias, p.ddt_bias_dtype, column, sum_in_order(p.ws.ddt_bias_parts + column, columns, chunks));
   }
   if (p.dA_log && column % f.K == 0) {
     const int head = column / f.K;
-    double sum = 0.0;
-    for (int64_t c = 0; c < chunks; ++c) sum += p.ws.dA_log_parts[c * f.HV + head];
-    store_param_grad(p.dA_log, p.dA_log_dtype, head, sum);
+    store_param_grad(p.dA_log, p.dA_log_dtype, head, sum_in_order(p.ws.dA_log_parts + head, f.HV, chunks));
   }
 }
 
