@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,6 +14,14 @@ namespace fkt::cuda {
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// x rounded to nearest as a T (bf16, fp16 or fp32): the inverse of to_float.
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
+  else return x;
+}
 
 // Bytes of one element of a supported dtype (the device twin of dtype_bytes).
 __device__ __forceinline__ int element_bytes(DType dtype) {

@@ -83,6 +83,16 @@ void prefer_max_shared(Kernel kernel) {
                          cudaSharedmemCarveoutMaxShared);
 }
 
+// The element type of the gate g and its gradient dg (bfloat16, float16 or float32, which
+// check_supported admits), the one place where g's dtype becomes the gate kernels' template argument:
+// calls f(element) with a value of that type.
+template <typename F>
+void with_gate_element(DType g, F f) {
+  if (g == DType::kBF16) return f(__nv_bfloat16{});
+  if (g == DType::kF16) return f(__half{});
+  f(float{});
+}
+
 // How fwd_intra keeps q, k and v in shared memory (IntraConfig): in their dtype when all three
 // are bfloat16 or all float16, else as fp32. Calls f(element) with a value of that type.
 template <typename F>

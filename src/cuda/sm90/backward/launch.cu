@@ -139,7 +139,10 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
              params);
     });
   });
-  launch(bwd_gate_kernel, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V), s, params);
+  with_gate_element(p.g.dtype, [&](auto element) {
+    launch(bwd_gate_kernel<decltype(element)>, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V),
+           s, params);
+  });
   if (!params.qk_in_intra) {
     const int64_t qk_rows = p.B * p.T * p.H;
     launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,

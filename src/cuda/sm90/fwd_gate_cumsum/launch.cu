@@ -6,21 +6,17 @@
 #include "cuda/backend.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device_guard.cuh"
+#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/fwd_gate_cumsum/kernel.cuh"
 
 namespace fkt::cuda {
 namespace {
 
-template <typename GT, typename Offset>
-void launch(const GateCumsumParams& params, dim3 grid, cudaStream_t stream) {
-  fwd_gate_cumsum_kernel<GT, Offset><<<grid, GateCumsumConfig::kThreads, 0, stream>>>(params);
-  FKT_CUDA_CHECK(cudaGetLastError());
-}
-
 template <typename GT>
 void launch_with_offsets(const GateCumsumParams& params, DType offsets, dim3 grid, cudaStream_t stream) {
-  if (offsets == DType::kI64) launch<GT, int64_t>(params, grid, stream);
-  else launch<GT, int32_t>(params, grid, stream);
+  const auto kernel =
+      offsets == DType::kI64 ? fwd_gate_cumsum_kernel<GT, int64_t> : fwd_gate_cumsum_kernel<GT, int32_t>;
+  launch(kernel, grid, GateCumsumConfig::kThreads, 0, stream, params);
 }
 
 }  // namespace
@@ -63,11 +59,9 @@ void fwd_gate_cumsum(const Problem& p, float* gamma, void* stream) {
   const DeviceGuard device(p.device.device_id);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(column_groups));
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  switch (p.g.dtype) {
-    case DType::kBF16: return launch_with_offsets<__nv_bfloat16>(params, offsets.dtype, grid, cuda_stream);
-    case DType::kF16: return launch_with_offsets<__half>(params, offsets.dtype, grid, cuda_stream);
-    default: return launch_with_offsets<float>(params, offsets.dtype, grid, cuda_stream);
-  }
+  with_gate_element(p.g.dtype, [&](auto element) {
+    launch_with_offsets<decltype(element)>(params, offsets.dtype, grid, cuda_stream);
+  });
 }
 
 }  // namespace fkt::cuda
