@@ -9,10 +9,12 @@
 // - d_delta = intra part (B1) + K_down dS: warpgroup h computes columns kTile / 2 h onwards
 //   (A = K_down, K-major); the intra part comes to registers a chunk ahead.
 // - The B operands dS and d_delta / s go to shared memory MN-major, split in bf16 hi and lo parts
-//   as in fwd_state_wgmma; dO is copied in as given. dS leaves in whole rows, staged fp32 in its
-//   operand's room once K_down dS has read it.
-// The previous chunk's K_down is copied in while the state is updated, its W, Q_up, gamma_L and
-// dO while d_delta is computed (cp.async).
+//   as in fwd_state_wgmma; dO is copied in as given. dS and d_delta leave in whole rows of 16-byte
+//   stores, staged fp32 in the rooms of dS's parts and of K_down once K_down dS has read them (the
+//   accumulator's 8-byte pieces of d_delta made that the step's longest phase, 26% of it, at
+//   B1_T8192_H96).
+// The previous chunk's operands are copied in (cp.async) at the end of a step: K_down while the
+// next mirror of dS is stored, W, Q_up, gamma_L and dO while d_delta is computed.
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -28,10 +30,11 @@
 
 namespace fkt::cuda {
 
-// Shared memory of a kTile-column V-tile, byte offsets: K_down [C, K] K-major, W^T and Q_up^T
-// [K, C] MN-major (bf16 core matrices); dS's hi and lo parts [kTile, K] MN-major, whose room then
-// holds dS [K, kTile] fp32 (Swizzled); d_delta / s's hi and lo parts and dO [kTile, C] MN-major;
-// gamma_L [K]: 76.5 KB for 32 columns, 104.5 KB for 64 (two blocks per SM either way).
+// Shared memory of a kTile-column V-tile, byte offsets: K_down [C, K] K-major, whose room then holds
+// d_delta [C, kTile] fp32 (Swizzled), W^T and Q_up^T [K, C] MN-major (bf16 core matrices); dS's hi
+// and lo parts [kTile, K] MN-major, whose room then holds dS [K, kTile] fp32 (Swizzled); d_delta /
+// s's hi and lo parts and dO [kTile, C] MN-major; gamma_L [K]: 76.5 KB for 32 columns, 104.5 KB
+// for 64 (two blocks per SM either way).
 template <int kTileV>
 struct BwdStateWgmmaLayout {
   static constexpr int kC = 64, kK = 128, kTile = kTileV;
@@ -50,7 +53,10 @@ template <int kTile>
 __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     bwd_state_wgmma_kernel(const __grid_constant__ BackwardParams p) {
   using L = BwdStateWgmmaLayout<kTile>;
+  // Rows of kTile fp32 on their way to global memory: dS [K, kTile] staged in its operand's room,
+  // d_delta [C, kTile] in K_down's.
   using Rows = Swizzled<kTile / 4>;
+  static_assert(4 * L::kC * kTile <= L::w - L::kd, "K_down's room holds the fp32 d_delta");
   const ForwardParams& f = p.fwd;
   constexpr int kThreads = StateConfig::kThreads, C = L::kC, K = L::kK, V = CommonDims::v(ForwardParams{});
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K && V % kTile == 0,
@@ -119,17 +125,17 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     if (j > 0) b.load_chunk_rows(intra, d_delta, j - 1);
     wgmma_wait();
     pin_accumulator(dd);
-    float* dd_rows = d_delta + j * b.step * V;
     for_each_acc_pair(dd, [&](int r, int col, float2 x) {
       const int row = b.crow0 + r, c = kTile / 2 * b.half + col;
-      if (row < l) store2(dd_rows + static_cast<int64_t>(row) * f.HV * V + c, x);
       store_split_pair(smem + L::dd_hi, smem + L::dd_lo, L::Delta::mn_major(c, row),
                        make_float2(inv_s * x.x, inv_s * x.y));
     });
     cp_async_wait<0>();  // group B of chunk j
     fence_proxy_async_shared();
     __syncthreads();  // K_down and dS's parts are consumed; d_delta's parts, W, Q_up, gamma_L and dO are in
-    if (j > 0) issue_delta(j - 1);
+    for_each_acc_pair(dd, [&](int r, int col, float2 x) {  // d_delta, staged in K_down's room for its store
+      store2(reinterpret_cast<float*>(smem + L::kd + Rows::at(b.crow0 + r, kTile / 2 * b.half + col)), x);
+    });
     for_each_acc_pair(e, [&](int r, int col, float2 x) {  // dS, staged for its store
       store2(reinterpret_cast<float*>(smem + L::ds_hi + Rows::at(b.row0 + r, col)), make_float2(s * x.x, s * x.y));
     });
@@ -140,13 +146,18 @@ __global__ void __launch_bounds__(StateConfig::kThreads, 2)
     wgmma_split_b<C, 1, -1>(e, ops + L::w, 8 * b.half, ops + L::dd_hi, ops + L::dd_lo, 0);
     wgmma_over_k<C, 1>(e, ops + L::qu, 8 * b.half, ops + L::d_o, 0);
     wgmma_commit();
-    __syncthreads();  // dS is staged
+    __syncthreads();  // dS and d_delta are staged
+    // While the products run: dS and d_delta in whole rows.
     store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (b.first_state + j * f.HV) * K * V + b.e0, 4 * V,
-                                          smem + L::ds_hi, K, Rows::cell);  // while the products run
+                                          smem + L::ds_hi, K, Rows::cell);
+    store_cells16<kThreads, C, kTile / 4>(d_delta + j * b.step * V, 4 * f.HV * V, smem + L::kd, l, Rows::cell);
     wgmma_wait();
     pin_accumulator(e);
-    __syncthreads();  // W, Q_up, gamma_L, d_delta's parts, dO and the staged dS are consumed
-    if (j > 0) issue_update(j - 1);
+    __syncthreads();  // W, Q_up, gamma_L, d_delta's parts, dO and the staged rows are consumed
+    if (j > 0) {
+      issue_delta(j - 1);
+      issue_update(j - 1);
+    }
   }
   if (p.dh0 == nullptr) return;
   for_each_acc(e, [&](int r, int col, float x) { p.dh0[state_index(f, b.n, b.head, b.row0 + r, b.e0 + col)] = s * x; });
