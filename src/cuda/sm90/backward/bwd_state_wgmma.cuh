@@ -11,8 +11,8 @@
 // - The B operands dS and d_delta / s go to shared memory MN-major, split in bf16 hi and lo parts
 //   as in fwd_state_wgmma; dO is copied in as given. dS and d_delta leave in whole rows of 16-byte
 //   stores, staged fp32 in the rooms of dS's parts and of K_down once K_down dS has read them (the
-//   accumulator's 8-byte pieces of d_delta made that the step's longest phase, 26% of it, at
-//   B1_T8192_H96).
+//   phase that stored d_delta as the accumulator's 8-byte pieces, with its split parts, took 26%
+//   of a step at B1_T8192_H96).
 // The previous chunk's operands are copied in (cp.async) at the end of a step: K_down while the
 // next mirror of dS is stored, W, Q_up, gamma_L and dO while d_delta is computed.
 #pragma once
