@@ -6,8 +6,8 @@
 #include "cuda/backend.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device_guard.cuh"
-#include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/fwd_gate_cumsum/kernel.cuh"
+#include "cuda/sm90/launch.cuh"
 
 namespace fkt::cuda {
 namespace {
