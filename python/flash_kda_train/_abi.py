@@ -15,7 +15,7 @@ import warnings
 from typing import Any, NamedTuple, Optional, Sequence
 
 from . import _lib
-from ._tensors import Block, block_of
+from ._tensors import Block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +283,7 @@ def gold_forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state:
         fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), "float64", inputs.q)
         if output_final_state else None
     )
-    outs = block_of(_describe(fw, o, "o"), _describe(fw, final_state, "final_state"))
+    outs = describe_all(fw, ("o", "final_state"), (o, final_state))
     _lib.check(_lib.lib.fkt_gold_forward(call.described.address, ctypes.byref(call.options), outs.tensor(0),
                                          outs.tensor(1)))
     return o, final_state

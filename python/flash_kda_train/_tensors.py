@@ -106,11 +106,6 @@ class Block:
         return self._at[i] or None
 
 
-def block_of(*fields: Optional[Fields]) -> Block:
-    """A Block of the given descriptions, for calls that take single tensors (``Block.tensor``)."""
-    return Block(fields)
-
-
 _TORCH_CODES = {}  # torch.dtype -> (DLPack type code, bits)
 
 

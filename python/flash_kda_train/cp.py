@@ -39,7 +39,6 @@ import torch
 import torch.distributed as dist
 
 from . import _abi, _core, _lib
-from ._tensors import block_of, describe_torch
 
 
 @dataclasses.dataclass
@@ -156,7 +155,7 @@ def _forward_summary(call: _abi.Call, sizes: _lib.CpSizes, sequence: int) -> tor
     """forward_summary of a call already planned (sizes)."""
     out = _empty_summary(call.inputs)
     workspace = call.buffer(sizes.forward_summary_workspace_bytes)
-    d = block_of(describe_torch(out), describe_torch(workspace) if workspace is not None else None)
+    d = _abi.describe_all(_core.TORCH, ("out", "workspace"), (out, workspace))
     _lib.check(_lib.lib.fkt_cp_forward_summary(call.described.address, ctypes.byref(call.options), sequence,
                                                d.tensor(0), d.tensor(1), call.stream()))
     return out
@@ -172,7 +171,7 @@ def _backward_summary(call: _abi.Call, sizes: _lib.CpSizes, d_o: torch.Tensor, s
     """backward_summary of a call already planned (sizes)."""
     out = _empty_summary(call.inputs)
     workspace = call.buffer(sizes.backward_summary_workspace_bytes)
-    d = block_of(describe_torch(d_o), describe_torch(out), describe_torch(workspace) if workspace is not None else None)
+    d = _abi.describe_all(_core.TORCH, ("d_o", "out", "workspace"), (d_o, out, workspace))
     _lib.check(_lib.lib.fkt_cp_backward_summary(call.described.address, ctypes.byref(call.options), d.tensor(0),
                                                 sequence, d.tensor(1), d.tensor(2), call.stream()))
     return out
@@ -181,7 +180,7 @@ def _backward_summary(call: _abi.Call, sizes: _lib.CpSizes, d_o: torch.Tensor, s
 def fold(summaries: torch.Tensor, first: int, count: int, backward: bool, state_v_first: bool,
          out: torch.Tensor) -> torch.Tensor:
     """Folds gathered summaries of ranks ``first .. first + count - 1`` into ``out`` (one state)."""
-    d = block_of(describe_torch(summaries), describe_torch(out))
+    d = _abi.describe_all(_core.TORCH, ("summaries", "out"), (summaries, out))
     stream = _core.TORCH.stream(out)
     _lib.check(_lib.lib.fkt_cp_fold(d.tensor(0), first, count, _lib.CP_BACKWARD if backward else _lib.CP_FORWARD,
                                     int(state_v_first), d.tensor(1), stream))

@@ -9,8 +9,7 @@ import ctypes
 import pytest
 import torch
 
-from flash_kda_train import _lib
-from flash_kda_train._tensors import block_of, describe_torch
+from flash_kda_train import _abi, _core, _lib
 
 LIB = _lib.lib
 _Options = _lib.Options
@@ -32,9 +31,8 @@ def stage_gate_cumsum(tensors, options, gamma=None):
     g = tensors["g"]
     if gamma is None:
         gamma = torch.full(g.shape, float("nan"), dtype=torch.float32, device=g.device)
-    inputs = block_of(*(describe_torch(tensors[name]) if tensors.get(name) is not None else None
-                        for name in _lib.INPUT_NAMES))
-    out = block_of(describe_torch(gamma))
+    inputs = _abi.describe_all(_core.TORCH, _lib.INPUT_NAMES, [tensors.get(name) for name in _lib.INPUT_NAMES])
+    out = _abi.describe_all(_core.TORCH, ("gamma",), (gamma,))
     stream = torch.cuda.current_stream(g.device).cuda_stream if g.is_cuda else None
     _lib.check(LIB.fkt_stage_gate_cumsum(inputs.address, ctypes.byref(options), out.tensor(0), stream))
     if g.is_cuda:

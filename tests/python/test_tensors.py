@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flash_kda_train import _lib
-from flash_kda_train._tensors import Block, block_of, describe_torch
+from flash_kda_train._tensors import Block, describe_torch
 
 
 class _Device(ctypes.Structure):
@@ -60,9 +60,9 @@ def test_block_table_and_fields_read_back():
     assert _read(block.tensor(0))["strides"] == (1, 4, 12)
 
 
-def test_block_of_single_tensors_and_unsupported_devices():
+def test_block_with_absent_entries_and_unsupported_devices():
     t = torch.ones(2, 2, dtype=torch.float16)
-    block = block_of(describe_torch(t), None)
+    block = Block([describe_torch(t), None])
     assert _read(block.tensor(0))["dtype"] == (2, 16, 1) and block.tensor(1) is None
     with pytest.raises(ValueError, match="expected a CPU or CUDA tensor, got one on meta"):
         describe_torch(torch.empty(2, device="meta"))
