@@ -12,8 +12,8 @@ import flash_kda_train as fkt
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and fkt.has_cuda()),
                                 reason="needs a CUDA GPU and a library built with the CUDA backend")
 
-# K = V = 128 with chunks of 64 over enough sequences x heads that fwd_state's wgmma pass takes
-# 64-column V-tiles (with_wgmma_state_tile: a block for three SMs in four; 288 blocks here).
+# K = V = 128 with chunks of 64 (the wgmma state passes) over nine sequences, most of them ending
+# inside a chunk, and enough sequences x heads for more blocks than SMs (288 here).
 WIDE = dict(K=128, V=128, B=1, T=400, H=8, HV=16, cu_seqlens=[0, 1, 64, 65, 130, 200, 257, 300, 333, 400])
 
 

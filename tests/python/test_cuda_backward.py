@@ -85,9 +85,9 @@ def test_gradients_match_gold_like_cpu(case):
 # gradients stay below FLA's on bfloat16 (dh0 1.7e-3, dA_log 4.5e-3, ddt_bias 6.8e-3 in the
 # benchmark's gold comparison).
 # K = V = 128 with chunks of 64 is the shape whose kernels run with compile-time dims (sm90/dims.hpp).
-# K128-wide (WIDE): enough sequences x heads that the wgmma state passes take 64-column V-tiles.
+# K128-wide (WIDE): nine sequences, most of them ending inside a chunk, over more blocks than SMs.
 # K128-misaligned-dO: a bf16 dO whose rows do not start 16-byte aligned, which B2's wgmma pass does
-# not copy: its mma.sync pass runs instead.
+# not take (its TMA copies need 16-byte aligned rows): its mma.sync pass runs instead.
 SHAPES = [dict(K=64, V=64), dict(K=128, V=128), WIDE, dict(K=128, V=128, misaligned_do=True)]
 
 
@@ -105,6 +105,41 @@ def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
         for name in names:
             error = rel_rms(cuda[name], getattr(gold, name))
             assert error < limit, (name, error)
+
+
+# A varlen batch's sequences do not reach each other: the wgmma state passes (bf16, K = V = 128)
+# copy whole chunks of rows, past a sequence's end into the next sequence's, and must not add what
+# they read there. Sequence 3 of WIDE ([65, 130)) follows one of a single token, whose only chunk
+# reads its rows; made non-finite, every other sequence's outputs and gradients keep their bits.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_non_finite_sequence_leaves_the_others_alone(dtype):
+    x = make_inputs(requires_grad=False, dtype=dtype, gate_in_kernel=True, **WIDE)
+    cu = WIDE["cu_seqlens"]
+    first, end = cu[3], cu[4]
+    do = torch.randn(x["v"].shape).to(dtype)
+    dht = torch.randn(x["initial_state"].shape)
+
+    def step(poison):
+        t = {n: (v.clone() if v is not None else None) for n, v in x.items()}
+        d_o = do.clone()
+        if poison:
+            for name in ("q", "k", "v", "g", "beta"):
+                t[name][:, first:end] = float("nan")
+            d_o[:, first:end] = float("inf")
+        leaves = {n: (v.cuda().requires_grad_(n != "cu_seqlens") if v is not None else None) for n, v in t.items()}
+        o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                              initial_state=leaves["initial_state"], A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
+                              cu_seqlens=leaves["cu_seqlens"], use_gate_in_kernel=True, lower_bound=-5.0,
+                              safe_gate=True, output_final_state=True)
+        torch.autograd.backward([o, ht], [d_o.cuda(), dht.cuda()])
+        per_token = [o] + [leaves[n].grad for n in ("q", "k", "v", "g", "beta")]
+        per_sequence = [ht, leaves["initial_state"].grad]
+        return [torch.cat([a[:, :first], a[:, end:]], 1).cpu() for a in per_token] + \
+            [torch.cat([a[:3], a[4:]]).cpu() for a in per_sequence]
+
+    clean, poisoned = step(False), step(True)
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dg", "dbeta", "final_state", "dh0"), clean, poisoned):
+        assert torch.equal(a, b), name
 
 
 def test_backward_is_deterministic():
@@ -175,10 +210,9 @@ RESIDENCY_CASES = [(torch.bfloat16, 128, 128, 64, False), (torch.float16, 128, 1
 def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, state_v_first):
     """The state passes run blocks of 16 warps when the SMs hold the grid one block each, else blocks
     of 8 warps, two per SM, or three (fwd_state, bf16) when two per SM do not hold it either
-    (with_state_residency); fwd_state's wgmma pass (bf16, K = V = 128) takes 64-column V-tiles for
-    the two denser packs here and 32-column ones for the fewest blocks (with_wgmma_state_tile). The same
-    arithmetic in the same order: the first sequences of a pack give the same bits alone (few
-    blocks) as in packs of more blocks."""
+    (with_state_residency); the wgmma passes (bf16, K = V = 128) take one warpgroup per 64 columns
+    whatever the grid. The same arithmetic in the same order: the first sequences of a pack give the
+    same bits alone (few blocks) as in packs of more blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     heads = 4
     per_sequence = -(-V // 32) * heads  # blocks: sequences x V-tiles of 32 x heads

@@ -67,8 +67,8 @@ def test_low_precision_forward_matches_gold(case, dtype, bound, state_bound):
     assert errors[0] < bound and errors[1] < state_bound, errors
 
 
-# bfloat16 K = V = 128: fwd_state's wgmma pass writes them, in 32- and 64-column V-tiles; the CPU
-# backend computes in fp32 on the same inputs.
+# bfloat16 K = V = 128: fwd_state's wgmma pass writes them from its registers (the state held
+# transposed); the CPU backend computes in fp32 on the same inputs.
 @pytest.mark.parametrize("case,dtype,bound", [
     (dict(B=1, T=150, cu_seqlens=[0, 30, 150], K=32, V=32), torch.float32, 1e-5),
     (CASES[3], torch.bfloat16, 4e-3), (WIDE, torch.bfloat16, 4e-3)], ids=["fp32", "bf16-K128", "bf16-K128-wide"])

@@ -243,30 +243,18 @@ __device__ __forceinline__ void to_log2_units(float* x, int rows, int cols, int 
   });
 }
 
-// [rows, 4 kCells] fp32 rows of kCells 16-byte cells, cell c of row r at position c ^ 2 (r % 4): the
-// accumulator's pairs (a half warp stores 4 rows of 32 bytes) and whole rows read or written by
-// consecutive threads are free of bank conflicts. Byte offsets of cell c of row r, and of element
-// (r, col).
-template <int kCells>
-struct Swizzled {
+// Rows of kCells 16-byte cells of T (fp32 or 16-bit), cell c of row r at position c ^ (r % 8):
+// the elements of a transposed accumulator (a warp's lanes write eight consecutive columns of
+// four rows 2 apart) and whole rows read or written by consecutive threads are free of bank
+// conflicts. Byte offsets of cell c of row r, and of element (r, col).
+template <int kCells, typename T>
+struct SwizzledByRow {
   static_assert(kCells % 8 == 0, "rows of whole 128-byte lines");
-  __device__ static __forceinline__ int cell(int r, int c) { return (r * kCells + (c ^ (r % 4 * 2))) * 16; }
-  __device__ static __forceinline__ int at(int r, int col) { return cell(r, col / 4) + col % 4 * 4; }
-};
-
-// [rows, 8 kCells] 16-bit rows of kCells = 4 or 8 16-byte cells under the 128-byte swizzle: cell x
-// (row-major) at x ^ (x / 8 % 8), its position in a 128-byte line permuted by the line's index. The
-// accumulator's pairs (eight rows of a warp, each 16 bytes) reach eight different cells, and
-// consecutive threads reading a row's cells stay free of bank conflicts. Byte offsets of cell c
-// of row r, and of element (r, col).
-template <int kCells>
-struct Swizzled16 {
-  static_assert(kCells == 4 || kCells == 8, "rows of 64 or 128 bytes");
-  __device__ static __forceinline__ int cell(int r, int c) {
-    const int x = r * kCells + c;
-    return (x ^ (x / 8 % 8)) * 16;
+  static constexpr int kPerCell = 16 / sizeof(T);
+  __device__ static __forceinline__ int cell(int r, int c) { return (r * kCells + (c ^ (r % 8))) * 16; }
+  __device__ static __forceinline__ int at(int r, int col) {
+    return cell(r, col / kPerCell) + col % kPerCell * static_cast<int>(sizeof(T));
   }
-  __device__ static __forceinline__ int at(int r, int col) { return cell(r, col / 8) + col % 8 * 2; }
 };
 
 // Calls f(r, c) for this thread's cells of a [kRows, kCells] grid, cell x = r * kCells + c taken
@@ -282,18 +270,6 @@ __device__ __forceinline__ void for_each_cell16(F f) {
     if (kTotal % kThreads != 0 && r >= kRows) break;
     f(r, c);
   }
-}
-
-// Enqueues (by the whole block of kThreads) the copy of kRows global rows of kCells 16-byte cells,
-// row r from src + r * stride_bytes, cell c to dst + at(r, c); rows >= valid_rows zero-filled.
-template <int kThreads, int kRows, int kCells, typename At>
-__device__ __forceinline__ void copy_cells16_async(char* dst, const void* src, int64_t stride_bytes, int valid_rows,
-                                                   At at) {
-  for_each_cell16<kThreads, kRows, kCells>([&](int r, int c) {
-    const bool in = r < valid_rows;
-    const char* from = static_cast<const char*>(src) + (in ? r * stride_bytes + c * 16 : 0);
-    cp_async<16>(reinterpret_cast<float*>(dst + at(r, c)), reinterpret_cast<const float*>(from), in);
-  });
 }
 
 // Stores (by the whole block of kThreads) rows [0, rows) of kCells 16-byte cells from shared

@@ -1,20 +1,18 @@
-// Warpgroup tensor-core products (sm_90a wgmma) on bf16 operands in shared memory, fp32
-// accumulators in registers: the tensor cores read each operand once per warpgroup of four warps,
-// where mma.sync has every warp load its own fragments (the state passes' bound: their B operands
-// were read by four warps each).
+// Warpgroup tensor-core products (sm_90a wgmma), fp32 accumulators in registers, bf16 operands: B
+// (and A for SS products) read by the tensor cores from shared memory once per warpgroup of four
+// warps, A for RS products from registers, where an earlier product's accumulator can feed it.
 //
 // PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate":
-// - Operands in the canonical layout without swizzle: core matrices of 8 rows x 16 bytes, each 128
-//   contiguous bytes. K-major: a core matrix's rows run along M (or N), its 16 bytes along K;
-//   MN-major (the transposed operand, bf16 only): rows along K, bytes along M (or N). The
-//   descriptor's leading byte offset steps between core matrices along K, its stride byte offset
-//   along M (or N). CoreMatrices below places them as [MN / 8][K / 8][8][16 bytes].
+// - Shared-memory operands here are tiles of 128-byte rows under the 128-byte swizzle (the layout
+//   a TMA box writes: Swizzled128). K-major: the rows run along M (or N), their bytes along K;
+//   MN-major (the transposed operand, bf16 only): the rows run along K, their bytes along M (or N).
 // - The accumulator of m64nNk16: warp w of the warpgroup holds rows 16w + g and 16w + g + 8
 //   (g = lane / 4) at columns 8j + 2t, 8j + 2t + 1 (t = lane % 4), element 4j + i as mma.sync's
 //   m16n8 element i of n-tile j (common/mma.cuh): float acc[N / 8][4].
-// - Generic-proxy writes to shared memory (st.shared, cp.async) reach wgmma's reads only through
-//   fence.proxy.async before the barrier that publishes them; wgmma.fence orders the accumulator
-//   registers' earlier writes before the products.
+// - Generic-proxy writes to shared memory (st.shared) reach wgmma's reads only through
+//   fence.proxy.async before the barrier that publishes them; wgmma.fence orders the registers'
+//   earlier writes (accumulators, RS operands) before the products, and an RS operand's registers
+//   stay unchanged until the products that read them have been waited for.
 #pragma once
 
 #include <cstdint>
@@ -23,29 +21,32 @@
 
 namespace fkt::cuda {
 
-// Byte offsets of a [mn, k] bf16 operand of kKExtent k in the canonical layout: core matrices
-// along K kLeading = 128 bytes apart, along MN kStride = kKExtent / 8 * 128.
-template <int kKExtent>
-struct CoreMatrices {
-  static_assert(kKExtent % 16 == 0, "whole k-steps of 16");
-  static constexpr uint32_t kLeading = 128, kStride = kKExtent / 8 * kLeading;
-  static constexpr int bytes(int mn_extent) { return mn_extent * kKExtent * 2; }
-  // K-major: element (mn, k), k = 8c .. 8c + 7 forming one 16-byte row of a core matrix.
-  __device__ static __forceinline__ uint32_t k_major(int mn, int k) {
-    return mn / 8 * kStride + k / 8 * kLeading + mn % 8 * 16 + k % 8 * 2;
+// The descriptor fields of an operand at shared address `at` (16-byte aligned): its leading and
+// stride byte offsets (for the swizzled MN-major layout, between 64-element blocks along MN and
+// between 8-row groups along K; for the swizzled K-major one, the leading offset is unused); the
+// layout type is or-ed in by the caller.
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t at, uint32_t leading, uint32_t stride) {
+  return static_cast<uint64_t>((at & 0x3ffffu) >> 4) | static_cast<uint64_t>(leading >> 4) << 16 |
+         static_cast<uint64_t>(stride >> 4) << 32;
+}
+
+// A B operand in tiles of [rows, 128 bytes] under the 128-byte swizzle, as a TMA box writes them
+// (1024-byte aligned, the 16-byte chunk x of row r at position x ^ (r % 8)); the hardware applies
+// the swizzle to the addresses it forms, so a k-step moves the start address only: plus(d, bytes)
+// is the descriptor d of an operand `bytes` further (an addition to the address field, which holds
+// every shared-memory address >> 4 without carry).
+struct Swizzled128 {
+  static constexpr uint64_t kLayout = 1ull << 62;  // the descriptor's layout type 1: 128-byte swizzle
+  // K-major: the tile's rows along N (groups of 8 rows 1024 bytes apart), its bytes along K.
+  __device__ static __forceinline__ uint64_t k_major(const char* tile) {
+    return smem_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(tile)), 16, 1024) | kLayout;
   }
-  // MN-major: element (mn, k), mn = 8c .. 8c + 7 forming one 16-byte row of a core matrix.
-  __device__ static __forceinline__ uint32_t mn_major(int mn, int k) {
-    return mn / 8 * kStride + k / 8 * kLeading + k % 8 * 16 + mn % 8 * 2;
+  // MN-major: the tile's rows along K (groups of 8 rows 1024 bytes apart), the 64 bf16 of a row
+  // along N.
+  __device__ static __forceinline__ uint64_t mn_major(const char* tile) {
+    return smem_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(tile)), 8192, 1024) | kLayout;
   }
-  // The descriptor of the operand from `base` (16-byte aligned): its first mn_block * 8 rows skipped
-  // and the k-step of 16 at k0.
-  __device__ static __forceinline__ uint64_t descriptor(const void* base, int mn_block, int k0) {
-    const uint32_t at =
-        static_cast<uint32_t>(__cvta_generic_to_shared(base)) + mn_block * kStride + k0 / 8 * kLeading;
-    return static_cast<uint64_t>((at & 0x3ffffu) >> 4) | static_cast<uint64_t>(kLeading >> 4) << 16 |
-           static_cast<uint64_t>(kStride >> 4) << 32;
-  }
+  __device__ static __forceinline__ uint64_t plus(uint64_t descriptor, int bytes) { return descriptor + (bytes >> 4); }
 };
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -60,9 +61,8 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 
 // p, opaque to the compiler: descriptors formed from it in a loop's body are formed there, where
-// hoisted out of the loop they would hold a register each through it (fwd_state_wgmma's output
-// variant, 64 columns: 136 bytes of spill with its descriptors hoisted out of the chunk loop, 44
-// without).
+// hoisted out of the loop they would hold registers through it (the state passes run at the
+// register cap).
 __device__ __forceinline__ char* unhoisted(char* p) {
   asm volatile("" : "+l"(p));
   return p;
@@ -78,32 +78,8 @@ __device__ __forceinline__ void pin_accumulator(float (&acc)[N][4]) {
   }
 }
 
-// acc += kScaleA A B, one m64nNk16 product (N = 16, 32 or 64) of bf16 operands given by their
-// descriptors; kTransA / kTransB: the operand is MN-major; kScaleA: 1 or -1. The predicate p
-// (scale-d) is true: accumulate.
-template <int kTransA, int kTransB, int kScaleA = 1>
-__device__ __forceinline__ void wgmma_bf16(float (&acc)[2][4], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, %10, 1, "
-      "%11, %12;\n}\n"
-      : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][0]), "+f"(acc[1][1]),
-        "+f"(acc[1][2]), "+f"(acc[1][3])
-      : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
-}
-
-template <int kTransA, int kTransB, int kScaleA = 1>
-__device__ __forceinline__ void wgmma_bf16(float (&acc)[4][4], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15}, %16, %17, p, %18, 1, %19, %20;\n}\n"
-      : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][0]), "+f"(acc[1][1]),
-        "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[2][0]), "+f"(acc[2][1]), "+f"(acc[2][2]), "+f"(acc[2][3]),
-        "+f"(acc[3][0]), "+f"(acc[3][1]), "+f"(acc[3][2]), "+f"(acc[3][3])
-      : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
-}
-
+// acc += kScaleA A B, one m64n64k16 product of bf16 operands given by their descriptors; kTransA /
+// kTransB: the operand is MN-major; kScaleA: 1 or -1. The predicate p (scale-d) is true: accumulate.
 template <int kTransA, int kTransB, int kScaleA = 1>
 __device__ __forceinline__ void wgmma_bf16(float (&acc)[8][4], uint64_t a, uint64_t b) {
   asm volatile(
@@ -120,33 +96,22 @@ __device__ __forceinline__ void wgmma_bf16(float (&acc)[8][4], uint64_t a, uint6
       : "l"(a), "l"(b), "n"(kScaleA), "n"(kTransA), "n"(kTransB));
 }
 
-// acc += A B over k = 0 .. kKExtent - 1, one product per k-step: A [64, k] and B [N, k] bf16
-// operands in the canonical layout (CoreMatrices<kKExtent>), A K-major (kTransA = 0) or MN-major
-// from its row block a_block (8 rows each), B MN-major from its column block b_block.
-template <int kKExtent, int kTransA, int N>
-__device__ __forceinline__ void wgmma_over_k(float (&acc)[N][4], const char* a, int a_block, const char* b,
-                                             int b_block) {
-  using Operand = CoreMatrices<kKExtent>;
-#pragma unroll
-  for (int k0 = 0; k0 < kKExtent; k0 += 16) {
-    wgmma_bf16<kTransA, 1>(acc, Operand::descriptor(a, a_block, k0), Operand::descriptor(b, b_block, k0));
-  }
-}
-
-// acc += kScaleA A (B_hi + B_lo) over k = 0 .. kKExtent - 1, one product per part and k-step: A
-// [64, k] and B's parts [N, k] bf16 operands in the canonical layout (CoreMatrices<kKExtent>), A
-// K-major (kTransA = 0) or MN-major from its row block a_block (8 rows each), B MN-major from its
-// column block b_block.
-template <int kKExtent, int kTransA, int kScaleA = 1, int N>
-__device__ __forceinline__ void wgmma_split_b(float (&acc)[N][4], const char* a, int a_block, const char* b_hi,
-                                              const char* b_lo, int b_block) {
-  using Operand = CoreMatrices<kKExtent>;
-#pragma unroll
-  for (int k0 = 0; k0 < kKExtent; k0 += 16) {
-    const uint64_t da = Operand::descriptor(a, a_block, k0);
-    wgmma_bf16<kTransA, 1, kScaleA>(acc, da, Operand::descriptor(b_hi, b_block, k0));
-    wgmma_bf16<kTransA, 1, kScaleA>(acc, da, Operand::descriptor(b_lo, b_block, k0));
-  }
+// acc += kScaleA A B, one m64n64k16 product with A from registers (a: an a_fragment part)
+// and B given by its descriptor; kTransB: B is MN-major.
+template <int kScaleA, int kTransB>
+__device__ __forceinline__ void wgmma_bf16_rs(float (&acc)[8][4], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, "
+      "%33, %34, %35}, %36, p, %37, 1, %38;\n}\n"
+      : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][0]), "+f"(acc[1][1]),
+        "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[2][0]), "+f"(acc[2][1]), "+f"(acc[2][2]), "+f"(acc[2][3]),
+        "+f"(acc[3][0]), "+f"(acc[3][1]), "+f"(acc[3][2]), "+f"(acc[3][3]), "+f"(acc[4][0]), "+f"(acc[4][1]),
+        "+f"(acc[4][2]), "+f"(acc[4][3]), "+f"(acc[5][0]), "+f"(acc[5][1]), "+f"(acc[5][2]), "+f"(acc[5][3]),
+        "+f"(acc[6][0]), "+f"(acc[6][1]), "+f"(acc[6][2]), "+f"(acc[6][3]), "+f"(acc[7][0]), "+f"(acc[7][1]),
+        "+f"(acc[7][2]), "+f"(acc[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kScaleA), "n"(kTransB));
 }
 
 // x as two bf16 pairs whose sum holds it to about 2^-17 relative: hi rounded to nearest, lo the
@@ -162,12 +127,24 @@ __device__ __forceinline__ SplitBf16x2 split_bf16x2(float2 x) {
   return {*reinterpret_cast<const uint32_t*>(&hi), *reinterpret_cast<const uint32_t*>(&lo)};
 }
 
-// x, two elements adjacent along MN of an MN-major B operand at byte offset `at`, split into the
-// operand's hi part (from `hi`) and lo part (from `lo`).
-__device__ __forceinline__ void store_split_pair(char* hi, char* lo, uint32_t at, float2 x) {
-  const SplitBf16x2 parts = split_bf16x2(x);
-  *reinterpret_cast<uint32_t*>(hi + at) = parts.hi;
-  *reinterpret_cast<uint32_t*>(lo + at) = parts.lo;
+// The register A operand of the k-step over columns 16 ks .. 16 ks + 15 of an m64 accumulator, split
+// in its hi and lo parts (split_bf16x2). The accumulator's layout is the A fragment's (PTX ISA,
+// "Register fragment for matrix A": a0 and a1 hold rows g and g + 8 at columns 2t, 2t + 1, a2 and
+// a3 the same rows at 8 + 2t, 9 + 2t), so a product's result feeds the next without shared memory.
+struct SplitFragment {
+  uint32_t hi[4], lo[4];
+};
+template <int N>
+__device__ __forceinline__ SplitFragment a_fragment(const float (&acc)[N][4], int ks) {
+  SplitFragment f;
+#pragma unroll
+  for (int x = 0; x < 4; ++x) {
+    const float* pair = &acc[2 * ks + x / 2][x % 2 * 2];
+    const SplitBf16x2 parts = split_bf16x2(make_float2(pair[0], pair[1]));
+    f.hi[x] = parts.hi;
+    f.lo[x] = parts.lo;
+  }
+  return f;
 }
 
 }  // namespace fkt::cuda

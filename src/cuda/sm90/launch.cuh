@@ -159,7 +159,7 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
 void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 
-// The state passes (fwd_state, bwd_state, fwd_state_wgmma): one block per (sequence, value head,
+// The state passes (fwd_state, bwd_state and their wgmma passes): one block per (sequence, value head,
 // V-tile of `tile` columns), x = sequence * tiles + tile.
 inline dim3 state_pass_grid(const Problem& p, int tile = StateConfig::kTileV) {
   return dim3(static_cast<unsigned>(p.N * ceil_div(p.V, tile)), static_cast<unsigned>(p.HV));
@@ -186,18 +186,6 @@ void with_state_residency(const Problem& p, size_t smem_bytes, F f) {
   }
   if (fit >= 2) return f(Residency<kNarrow, 2>{});
   f(Residency<kWide, 1>{});
-}
-
-// The V-tile width of the wgmma state pass (fwd_state_wgmma), the one place where it becomes its
-// template argument: calls f(std::integral_constant<int, 64 or 32>). 64 columns halve the reads of
-// the chunk's operands per column where their grid still gives three SMs in four a block, else 32
-// (H200, 132 SMs: 128 blocks of 64 columns ran faster than 256 of 32, 64 blocks slower than 128).
-template <typename F>
-void with_wgmma_state_tile(const Problem& p, F f) {
-  if (4 * (p.N * p.HV * p.V / 64) >= 3 * device_limits(p.device.device_id).sms) {
-    return f(std::integral_constant<int, 64>{});
-  }
-  f(std::integral_constant<int, 32>{});
 }
 
 // The context-parallel summaries: one block per (value head, 32-column tile of the V + K widened

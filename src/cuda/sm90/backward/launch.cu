@@ -17,6 +17,7 @@
 #include "cuda/sm90/backward/bwd_state_wgmma.cuh"
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
 #include "cuda/sm90/launch.cuh"
+#include "cuda/sm90/tensor_map.hpp"
 
 namespace fkt::cuda {
 namespace {
@@ -68,6 +69,19 @@ void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
   params.ws = BackwardWorkspace::carve(m, p, fwd, bytes);
 }
 
+// bwd_state_wgmma's arguments: the tensor maps of the rows it reads, in boxes of one chunk's tokens.
+BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params) {
+  const ForwardWorkspace& ws = params.fwd.ws;
+  const int64_t tokens = p.B * p.T;
+  BwdStateWgmmaParams wgmma{};
+  wgmma.p = params;
+  wgmma.k_down = row_tensor_map(ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  wgmma.w = row_tensor_map(ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  wgmma.q_up = row_tensor_map(ws.q_up, DType::kBF16, p.K, p.HV, ws.q_up_pitch, tokens, p.chunk);
+  wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, tokens, p.chunk);
+  return wgmma;
+}
+
 // B2: on wgmma at the common shape with bf16 products and a bf16 dO whose rows start 16-byte
 // aligned (copied 16 bytes at a time), for a scale s whose inverse is a normal float too (the pass
 // holds dS / s), else the mma.sync pass.
@@ -76,12 +90,10 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
   if constexpr (std::is_same_v<Dims, CommonDims> && sizeof(DoT) == 2) {
     const float scale = params.fwd.scale;
     if (reinterpret_cast<uintptr_t>(params.d_o) % 16 == 0 && std::isnormal(scale) && std::isnormal(1.f / scale)) {
-      return with_wgmma_state_tile(p, [&](auto tile) {
-        constexpr int kTile = decltype(tile)::value;
-        const auto kernel = bwd_state_wgmma_kernel<kTile>;
-        prefer_max_shared(kernel);
-        launch(kernel, state_pass_grid(p, kTile), StateConfig::kThreads, BwdStateWgmmaLayout<kTile>::bytes, s, params);
-      });
+      using L = BwdStateWgmmaLayout;
+      prefer_max_shared(bwd_state_wgmma_kernel);
+      return launch(bwd_state_wgmma_kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s,
+                    wgmma_params(p, params));
     }
   }
   const size_t smem = BwdStateLayout::bytes(p.chunk, static_cast<int>(p.K), operand_bytes(kP), sizeof(DoT));

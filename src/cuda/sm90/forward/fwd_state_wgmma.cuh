@@ -1,232 +1,257 @@
-// F4 on CUDA for bf16 products at the common shape (C = 64, K = V = 128): fwd_state's pass with its
-// two products on wgmma (common/wgmma.cuh), one block of two warpgroups per (sequence, value head,
-// kTile-column V-tile, kTile = 32 or 64: with_wgmma_state_tile), walking the chunks in order:
-// - S (fp32, registers) is the accumulator of K_down^T delta: warpgroup h holds state rows 64h ..
-//   64h + 63 at all kTile columns (A = K_down^T, MN-major as K_down's rows are stored).
-// - delta = U - W S: warpgroup h computes columns kTile / 2 h onwards (A = W, K-major).
-// - The B operands S and delta go to shared memory MN-major, each split in two bf16 parts (hi + lo,
-//   split_bf16x2) that take one product each: the sum holds the fp32 operand to 2^-17, where
-//   fwd_state's mma.sync pass rounds it to TF32 (2^-11). W and K_down are bf16 as stored.
-// - The states and delta leave in whole rows of 16-byte stores from shared memory (bf16 states are
-//   S's hi part), not as the accumulator's scattered pairs: the pass is bound by L2 traffic.
-// - F5 may run inside the pass (Stored = void, below): o leaves, the states and delta stay.
-// The next chunk's W is copied in while the state is updated, and its K_down while delta is
-// computed (cp.async), as in fwd_state; its U goes straight to registers.
+// F4 on CUDA for bf16 products at the common shape (C = 64, K = V = 128), 64-column V-tiles: the
+// pass of fwd_state_wgmma with the state held transposed, so that every product takes its fp32
+// operand from registers (wgmma's A, "RS") and reads only the chunk's operands from shared memory,
+// where TMA puts them. One warpgroup per (sequence, value head, V-tile), walking the chunks in order:
+// - S^T [64 value columns, K] (fp32, registers: warp w holds value columns 16w .. 16w + 15) is the
+//   accumulator of delta^T K_down (B = K_down, MN-major as its rows are stored);
+// - delta^T = U^T - S^T W^T (B = W, K-major), U^T read from its tile into the accumulator;
+// - A = S^T and delta^T in two bf16 parts each (hi + lo, a_fragment): the sum holds the fp32
+//   operand to 2^-17, as fwd_state_wgmma's split mirrors do, without the mirrors: no store of S or
+//   delta to shared memory and no barrier for them, and each product reads its B operand alone.
+// - F5 may run inside the pass (Stored = void): o^T = s S^T Q_up^T + delta^T P^T (S's hi part, the
+//   bf16 states that fwd_output reads), o leaving in bf16; else (Stored = float) the states and
+//   delta leave in fp32. Both leave in whole 16-byte rows from shared memory.
+// One thread issues the copies: the next chunk's W, U, gamma_L (and Q_up) once this chunk's have
+// been read, its K_down (and P) once this chunk's update has run, each group on its mbarrier.
 #pragma once
 
 #include <type_traits>
 
-#include "cuda/common/convert.cuh"
+#include <cuda.h>
+
 #include "cuda/common/mma.cuh"
 #include "cuda/common/tile_copy.cuh"
-#include "cuda/common/vec4.cuh"
+#include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
-#include "cuda/sm90/forward/state_config.hpp"
+#include "cuda/sm90/forward/intermediate_states.cuh"
 #include "cuda/sm90/forward/wgmma_state_block.cuh"
 
 namespace fkt::cuda {
 
-// Shared memory of a kTile-column V-tile, byte offsets: W [C, K] K-major and K_down^T [K, C]
-// MN-major (bf16 core matrices), the hi and lo parts of S [kTile, K] and of delta [kTile, C]
-// MN-major, the tile on its way to global memory (delta [C, kTile] fp32 Swizzled, or with
-// kOutput o [C, kTile] bf16 Swizzled16), with kOutput Q_up [C, K] and P [C, C] K-major, gamma_L
-// [K]. 64.5 KB for 32 columns (three blocks per SM), 96.5 KB for 64 (two); with kOutput 84.5 and
-// 112.5 KB (two). fp32 states go out through S's room once W S has read it.
-template <int kTileV, bool kOutput>
-struct FwdStateWgmmaLayout {
-  static constexpr int kC = 64, kK = 128, kTile = kTileV;
-  using Wm = CoreMatrices<kK>;     // W, Q_up [C, K]
-  using KdT = CoreMatrices<kC>;    // K_down^T [K, C]
-  using Pm = CoreMatrices<kC>;     // P [C, C]
-  using S = CoreMatrices<kK>;      // S [kTile, K]
-  using Delta = CoreMatrices<kC>;  // delta [kTile, C]
-  static constexpr int w = 0, kd = w + Wm::bytes(kC), s_hi = kd + KdT::bytes(kK), s_lo = s_hi + S::bytes(kTile);
-  static constexpr int d_hi = s_lo + S::bytes(kTile), d_lo = d_hi + Delta::bytes(kTile);
-  static constexpr int out = d_lo + Delta::bytes(kTile);
-  static constexpr int qu = out + (kOutput ? 2 : 4) * kC * kTile, pm = qu + (kOutput ? Wm::bytes(kC) : 0);
-  static constexpr int g_last = pm + (kOutput ? Pm::bytes(kC) : 0), bytes = g_last + 4 * kK;
-  static_assert(s_lo + S::bytes(kTile) - s_hi == 4 * kK * kTile, "S's room holds the fp32 state");
+// The pass's arguments: the forward's, and tensor maps (row_tensor_map in sm90/tensor_map.hpp) of
+// the workspace rows it reads, boxes of 64 tokens.
+struct FwdStateWgmmaParams {
+  ForwardParams p;
+  CUtensorMap w, k_down, u;  // W, K_down [B*T, HV, K] bf16; U [B*T, HV, V] fp32
+  CUtensorMap q_up, P;       // with F5 inside: Q_up [B*T, HV, K] (rows q_up_pitch apart), P [B*T, HV, C] bf16
 };
 
-// Elements (d, e) and (d, e + 1) of the state entering a chunk, whose [K, V] block starts at `base`,
-// into intermediate_states ([B, NT, HV, K, V] or [.., V, K], o's dtype). Out of line: a rarely
-// asked output whose addressing would otherwise hold registers through the chunk loop.
-__device__ __noinline__ void store_intermediate_pair(const ForwardParams& p, int64_t base, int d, int e, float2 x) {
-  for (int i = 0; i < 2; ++i) {
-    const int64_t at = p.state_v_first ? static_cast<int64_t>(e + i) * p.K + d : static_cast<int64_t>(d) * p.V + e + i;
-    store_float(p.intermediate_states, p.o_dtype, base + at, i == 0 ? x.x : x.y);
-  }
-}
+// Shared memory, byte offsets from a 1024-byte aligned base: TMA boxes of 64 rows x 128 bytes,
+// W, K_down (and Q_up) in two column halves, U in two of 32 columns (and P in one); the tiles on
+// their way to global memory: with kOutput o [C, 64] bf16, else delta [C, 64] and the state
+// [K, 64] fp32 (SwizzledByRow); gamma_L [K] as copied, exp(gamma_L) [K], two mbarriers.
+// About 82 KB with kOutput, 98 KB without: two blocks per SM.
+template <bool kOutput>
+struct FwdStateWgmmaLayout {
+  static constexpr int kC = 64, kK = 128, kTile = 64, kThreads = 128, kBox = 64 * 128;
+  using Rows16 = SwizzledByRow<kTile / 8, __nv_bfloat16>;
+  using Rows32 = SwizzledByRow<kTile / 4, float>;
+  static constexpr int w = 0, kd = w + 2 * kBox, u = kd + 2 * kBox, qu = u + 2 * kBox;
+  static constexpr int pm = qu + (kOutput ? 2 * kBox : 0), out = pm + (kOutput ? kBox : 0);
+  static constexpr int states = out + (kOutput ? 2 : 4) * kC * kTile;
+  static constexpr int g_last = states + (kOutput ? 0 : 4 * kK * kTile), decay = g_last + 4 * kK;
+  static constexpr int bars = decay + 4 * kK, bytes = bars + 16;
+  static constexpr int kAlign = 1024, launch_bytes = bytes + kAlign;  // room to align the base
+  // The expected bytes of the two copy groups.
+  static constexpr uint32_t kValueBytes = (kOutput ? 6 : 4) * kBox + 4 * kK;
+  static constexpr uint32_t kUpdateBytes = (kOutput ? 3 : 2) * kBox;
+};
 
-// How many blocks of the pass share an SM: as many as its shared memory holds (228 KB an SM, 1 KB
-// of it reserved per block), at most three; the register cap follows.
-template <int kTile, bool kOutput>
-constexpr int fwd_state_wgmma_blocks_per_sm() {
-  constexpr int fit = 228 * 1024 / (FwdStateWgmmaLayout<kTile, kOutput>::bytes + 1024);
-  return fit < 3 ? fit : 3;
-}
-
-// kTile: 32 or 64 columns a block. Stored: the element type of the states and delta as they leave
-// (p.ws.p_states_dtype): bf16 states are S's hi part as mirrored, fp32 ones are staged in S's
-// room. Stored = void: F5 inside the pass (ws.output_in_state_pass): the states and delta stay on
-// chip and o = s Q_up S + P delta leaves in bf16, Q_up S summed with W S, P delta with K_down^T
-// delta, both products reading the S and delta operands already in shared memory.
-template <int kTile, typename Stored>
-__global__ void
-__launch_bounds__(StateConfig::kThreads, fwd_state_wgmma_blocks_per_sm<kTile, std::is_void_v<Stored>>())
-    fwd_state_wgmma_kernel(const __grid_constant__ ForwardParams p) {
+// Stored: void, F5 inside the pass (ws.output_in_state_pass); float, the fp32 states and delta
+// (the backward's layout: ws.p_states_dtype is fp32 at the common shape but with F5 inside).
+template <typename Stored>
+__global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::kThreads, 2)
+    fwd_state_wgmma_kernel(const __grid_constant__ FwdStateWgmmaParams params) {
   constexpr bool kOutput = std::is_void_v<Stored>;
-  using L = FwdStateWgmmaLayout<kTile, kOutput>;
-  using Rows = Swizzled<kTile / 4>;
-  using Rows16 = Swizzled16<kTile / 8>;
-  constexpr int kThreads = StateConfig::kThreads, C = L::kC, K = L::kK, V = CommonDims::v(ForwardParams{});
-  constexpr bool kBf16States = sizeof(std::conditional_t<kOutput, float, Stored>) == 2;
-  static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K && V % kTile == 0,
-                "the common shape, whole V-tiles");
+  static_assert(kOutput || std::is_same_v<Stored, float>, "o, or fp32 states and delta");
+  using L = FwdStateWgmmaLayout<kOutput>;
+  constexpr int kThreads = L::kThreads, C = L::kC, K = L::kK, kTile = L::kTile, kBox = L::kBox;
+  constexpr int V = CommonDims::v(ForwardParams{});
+  static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K, "the common shape");
+  const ForwardParams& p = params.p;
   const WgmmaStateBlock<kTile> b(p);
-  extern __shared__ __align__(128) float smem_floats[];
-  char* smem = reinterpret_cast<char*>(smem_floats);
-  char* W = smem + L::w;
-  char* kd = smem + L::kd;
-  const float* g_last = reinterpret_cast<const float*>(smem + L::g_last);
-  const auto* w_src = static_cast<const __nv_bfloat16*>(p.ws.W) + b.first * K;
-  const auto* kd_src = static_cast<const __nv_bfloat16*>(p.ws.k_down) + b.first * K;
-  const auto* qu_src = static_cast<const __nv_bfloat16*>(p.ws.q_up) + b.first * p.ws.q_up_pitch;
-  const auto* p_src = static_cast<const __nv_bfloat16*>(p.ws.P) + b.first * C;
-  const float* u_src = p.ws.U + b.first * V + b.e0;
-  // Group A: W (and Q_up) of chunk j; group B: K_down, gamma_L (and P). Rows past the end are zero.
+  const int v0 = 16 * static_cast<int>(threadIdx.x / 32);  // the warp's first value column in the tile
+  const bool leader = threadIdx.x == 0;
+  extern __shared__ __align__(1024) char smem_raw[];
+  char* const smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAlign - 1) &
+                                             ~static_cast<uintptr_t>(L::kAlign - 1));
+  uint64_t* const values_ready = reinterpret_cast<uint64_t*>(smem + L::bars);
+  uint64_t* const update_ready = values_ready + 1;
+  const float* const g_last = reinterpret_cast<const float*>(smem + L::g_last);
+  float* const decay = reinterpret_cast<float*>(smem + L::decay);
+  // Chunk j's rows start at token row first_row + j C of the maps' [B*T, HV, .] tensors; rows past
+  // its end belong to the next sequence (or read as zero past the tensor): delta's columns there are
+  // zeroed below, and so are K_down's rows; o's columns there are not stored.
+  auto token = [&](int64_t j) { return static_cast<int>(b.seq.first_row + j * C); };
   auto issue_values = [&](int64_t j) {
-    copy_cells16_async<kThreads, C, K / 8>(W, w_src + j * b.step * K, 2 * p.HV * K, b.rows_of(j),
-                                           [](int r, int c) { return L::Wm::k_major(r, 8 * c); });
-    if constexpr (kOutput) {
-      const int64_t pitch = p.ws.q_up_pitch;
-      copy_cells16_async<kThreads, C, K / 8>(smem + L::qu, qu_src + j * b.step * pitch, 2 * p.HV * pitch, b.rows_of(j),
-                                             [](int r, int c) { return L::Wm::k_major(r, 8 * c); });
+    mbarrier_expect_bytes(values_ready, L::kValueBytes);
+    for (int h = 0; h < 2; ++h) {
+      tma_load(smem + L::w + h * kBox, params.w, values_ready, 64 * h, b.head, token(j));
+      tma_load(smem + L::u + h * kBox, params.u, values_ready, b.e0 + 32 * h, b.head, token(j));
+      if constexpr (kOutput) tma_load(smem + L::qu + h * kBox, params.q_up, values_ready, 64 * h, b.head, token(j));
     }
-    cp_async_commit();
+    bulk_load(smem + L::g_last, p.ws.g_last + (b.first_state + j * p.HV) * K, 4 * K, values_ready);
   };
   auto issue_update = [&](int64_t j) {
-    copy_cells16_async<kThreads, C, K / 8>(kd, kd_src + j * b.step * K, 2 * p.HV * K, b.rows_of(j),
-                                           [](int r, int c) { return L::KdT::mn_major(8 * c, r); });
-    copy_cells16_async<kThreads, 1, K / 4>(smem + L::g_last, p.ws.g_last + (b.first_state + j * p.HV) * K, 0, 1,
-                                           [](int, int c) { return 16 * c; });
-    if constexpr (kOutput) {
-      copy_cells16_async<kThreads, C, C / 8>(smem + L::pm, p_src + j * b.step * C, 2 * p.HV * C, b.rows_of(j),
-                                             [](int r, int c) { return L::Pm::k_major(r, 8 * c); });
-    }
-    cp_async_commit();
+    mbarrier_expect_bytes(update_ready, L::kUpdateBytes);
+    for (int h = 0; h < 2; ++h) tma_load(smem + L::kd + h * kBox, params.k_down, update_ready, 64 * h, b.head, token(j));
+    if constexpr (kOutput) tma_load(smem + L::pm, params.P, update_ready, 0, b.head, token(j));
   };
-  // U of chunk j into registers, in the layout of the warpgroup's delta accumulator, loaded a chunk
-  // ahead: no shared memory, no barrier.
-  float u[kTile / 16][4];
+  // U^T of the chunk from its tile (value column v0 + r, chunk row col): under the 128-byte swizzle
+  // a warp's reads hit 32 different banks.
+  auto load_u = [&](float(&acc)[C / 8][4]) {
+    transform_acc(acc, [&](int r, int col, float) {
+      const int v = v0 + r, x = v % 32;
+      return *reinterpret_cast<const float*>(smem + L::u + v / 32 * kBox + col * 128 + ((x / 4) ^ (col % 8)) * 16 +
+                                             x % 4 * 4);
+    });
+  };
 
-  float s[kTile / 8][4];
-  transform_acc(s, [&](int r, int col, float) {
-    return p.initial_state != nullptr ? p.initial_state[state_index(p, b.n, b.head, b.row0 + r, b.e0 + col)] : 0.f;
-  });
-  if (b.chunks > 0) {
+  // S^T: value column v0 + r, state row 64h + col of s[h].
+  float s[2][8][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    transform_acc(s[h], [&](int r, int col, float) {
+      return p.initial_state != nullptr ? p.initial_state[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)]
+                                        : 0.f;
+    });
+  }
+  if (leader) {
+    mbarrier_init(values_ready);
+    mbarrier_init(update_ready);
+  }
+  __syncthreads();
+  if (leader && b.chunks > 0) {
     issue_values(0);
     issue_update(0);
-    b.load_chunk_rows(u, u_src, 0);
   }
   for (int64_t j = 0; j < b.chunks; ++j) {
     const int l = b.rows_of(j);
+    const uint32_t parity = static_cast<uint32_t>(j & 1);
     char* const ops = unhoisted(smem);  // the products' operands
-    // h_j: the split mirror (its readers waited at the previous chunk's barriers), and
-    // intermediate_states ([B, NT, HV, ...], (b, j) flattening to the chunk row as the states').
-    const int64_t base = (b.first_state + j * p.HV) * K * V;
-    for_each_acc_pair(s, [&](int r, int col, float2 x) {
-      const int d = b.row0 + r;
-      store_split_pair(smem + L::s_hi, smem + L::s_lo, L::S::mn_major(col, d), x);
-      if (p.intermediate_states != nullptr) store_intermediate_pair(p, base, d, b.e0 + col, x);
-    });
-    cp_async_wait<1>();  // group A of chunk j (group B may still be in flight)
-    fence_proxy_async_shared();
-    __syncthreads();
-    // delta = U - W S, then o = Q_up S (S's hi part, the bf16 states that fwd_output reads), the
-    // warpgroup's half of the columns (the B operand's column blocks from kTile / 16 half). delta
-    // waits for its own group only.
-    float acc[kTile / 16][4] = {}, o[kTile / 16][4] = {};
-    pin_accumulator(acc);
-    pin_accumulator(o);
+    const int64_t base = (b.first_state + j * p.HV) * K * V;  // h_j's [K, V] block
+    if (p.intermediate_states != nullptr) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        for_each_acc(s[h], [&](int r, int col, float x) { store_intermediate(p, base, 64 * h + col, b.e0 + v0 + r, x); });
+      }
+    }
+    if constexpr (!kOutput) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        for_each_acc(s[h], [&](int r, int col, float x) {
+          *reinterpret_cast<float*>(smem + L::states + L::Rows32::at(64 * h + col, v0 + r)) = x;
+        });
+      }
+    }
+    mbarrier_wait(values_ready, parity);
+    decay[threadIdx.x] = expf(g_last[threadIdx.x]);
+    // delta^T = U^T - S^T W^T, then o^T = S^T Q_up^T on S's hi part; delta waits for its own group.
+    float d[C / 8][4];
+    load_u(d);
+    SplitFragment a[K / 16];
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) a[ks] = a_fragment(s[ks / 4], ks % 4);
+    float o[kTile / 8][4] = {};
+    pin_accumulator(d);
+    if constexpr (kOutput) pin_accumulator(o);
     wgmma_fence();
-    wgmma_split_b<K, 0>(acc, ops + L::w, 0, ops + L::s_hi, ops + L::s_lo, kTile / 16 * b.half);
+    // k-step ks of W and Q_up: 32 bytes into the rows of column half ks / 4.
+    auto k_step = [&](int ks) { return ks / 4 * kBox + ks % 4 * 32; };
+    const uint64_t w = Swizzled128::k_major(ops + L::w);
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks) {
+      wgmma_bf16_rs<-1, 0>(d, a[ks].hi, Swizzled128::plus(w, k_step(ks)));
+      wgmma_bf16_rs<-1, 0>(d, a[ks].lo, Swizzled128::plus(w, k_step(ks)));
+    }
     wgmma_commit();
     if constexpr (kOutput) {
-      wgmma_over_k<K, 0>(o, ops + L::qu, 0, ops + L::s_hi, kTile / 16 * b.half);
+      const uint64_t qu = Swizzled128::k_major(ops + L::qu);
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) wgmma_bf16_rs<1, 0>(o, a[ks].hi, Swizzled128::plus(qu, k_step(ks)));
       wgmma_commit();
     }
-    if constexpr (!kOutput && kBf16States) {  // row d's 8-column blocks of S's hi part, while the product runs
-      store_cells16<kThreads, K, kTile / 8>(static_cast<Stored*>(p.ws.states) + base + b.e0, 2 * V, smem + L::s_hi, K,
-                                            [](int d, int c) { return L::S::mn_major(8 * c, d); });
-    }
     wgmma_wait<kOutput ? 1 : 0>();
-    pin_accumulator(acc);
+    pin_accumulator(d);
+    if (l < C) transform_acc(d, [&](int, int col, float x) { return col < l ? x : 0.f; });
+    SplitFragment da[C / 16];
 #pragma unroll
-    for (int t = 0; t < kTile / 16; ++t) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[t][i] = u[t][i] - acc[t][i];
-    }
-    for_each_acc_pair(acc, [&](int r, int col, float2 d) {
-      const int row = b.crow0 + r, e = kTile / 2 * b.half + col;
-      store_split_pair(smem + L::d_hi, smem + L::d_lo, L::Delta::mn_major(e, row), d);
-      if constexpr (!kOutput) store2(reinterpret_cast<float*>(smem + L::out + Rows::at(row, e)), d);
-    });
-    if (j + 1 < b.chunks) b.load_chunk_rows(u, u_src, j + 1);
-    if constexpr (kOutput) {
+    for (int ks = 0; ks < C / 16; ++ks) da[ks] = a_fragment(d, ks);
+    if constexpr (!kOutput) {
+      for_each_acc(d, [&](int r, int col, float x) {
+        *reinterpret_cast<float*>(smem + L::out + L::Rows32::at(col, v0 + r)) = x;
+      });
+    } else {
       wgmma_wait();
       pin_accumulator(o);
       transform_acc(o, [&](int, int, float x) { return p.scale * x; });
     }
-    cp_async_wait<0>();  // group B of chunk j
-    fence_proxy_async_shared();
-    __syncthreads();  // W, Q_up and S are consumed; delta, K_down, gamma_L and P are in
-    if (j + 1 < b.chunks) issue_values(j + 1);
+    __syncthreads();  // W, U, gamma_L (and Q_up) are consumed; exp(gamma_L) is in (and h_j, delta staged)
+    if (leader && j + 1 < b.chunks) issue_values(j + 1);
     if constexpr (!kOutput) {
-      float* delta = p.ws.delta + (b.first + j * b.step) * V + b.e0;
-      store_cells16<kThreads, C, kTile / 4>(delta, 4 * p.HV * V, smem + L::out, l, Rows::cell);
-      if constexpr (!kBf16States) {
-        for_each_acc_pair(s, [&](int r, int col, float2 x) {
-          store2(reinterpret_cast<float*>(smem + L::s_hi + Rows::at(b.row0 + r, col)), x);
-        });
+      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::states,
+                                            K, L::Rows32::cell);
+      store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (b.first + j * b.step) * V + b.e0, 4 * p.HV * V,
+                                            smem + L::out, l, L::Rows32::cell);
+    }
+    // S^T <- S^T diag(exp(gamma_L)) + delta^T K_down (and o^T += delta^T P^T).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) transform_acc(s[h], [&](int, int col, float x) { return decay[64 * h + col] * x; });
+    mbarrier_wait(update_ready, parity);
+    if (l < C) {  // K_down's rows past the chunk's end, which the update would add
+      zero_box_rows<kThreads, C>(smem + L::kd, 2, l);
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
+    pin_accumulator(s[0]);
+    pin_accumulator(s[1]);
+    if constexpr (kOutput) pin_accumulator(o);
+    wgmma_fence();
+    const uint64_t kd = Swizzled128::mn_major(ops + L::kd);
+#pragma unroll
+    for (int ks = 0; ks < C / 16; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows 16 ks onwards of column half h
+        wgmma_bf16_rs<1, 1>(s[h], da[ks].hi, Swizzled128::plus(kd, h * kBox + 16 * ks * 128));
+        wgmma_bf16_rs<1, 1>(s[h], da[ks].lo, Swizzled128::plus(kd, h * kBox + 16 * ks * 128));
       }
     }
-    const float decay[2] = {expf(g_last[b.row0 + acc_row(0)]), expf(g_last[b.row0 + acc_row(2)])};
-    transform_acc(s, [&](int r, int, float x) { return decay[r == acc_row(0) ? 0 : 1] * x; });
-    pin_accumulator(s);
-    pin_accumulator(o);
-    wgmma_fence();
-    wgmma_split_b<C, 1>(s, ops + L::kd, 8 * b.half, ops + L::d_hi, ops + L::d_lo, 0);
-    if constexpr (kOutput) wgmma_split_b<C, 0>(o, ops + L::pm, 0, ops + L::d_hi, ops + L::d_lo, kTile / 16 * b.half);
-    wgmma_commit();
-    if constexpr (!kOutput && !kBf16States) {  // h_j staged above, stored while the product runs
-      __syncthreads();
-      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::s_hi, K,
-                                            Rows::cell);
+    if constexpr (kOutput) {
+      const uint64_t pm = Swizzled128::k_major(ops + L::pm);
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        wgmma_bf16_rs<1, 0>(o, da[ks].hi, Swizzled128::plus(pm, ks * 32));
+        wgmma_bf16_rs<1, 0>(o, da[ks].lo, Swizzled128::plus(pm, ks * 32));
+      }
     }
+    wgmma_commit();
     wgmma_wait();
-    pin_accumulator(s);
-    pin_accumulator(o);
-    if constexpr (kOutput) {  // o's rows staged (the tile's previous reads ended at two barriers since)
-      for_each_acc_pair(o, [&](int r, int col, float2 x) {
-        store2(reinterpret_cast<__nv_bfloat16*>(smem + L::out + Rows16::at(b.crow0 + r, kTile / 2 * b.half + col)), x);
+    pin_accumulator(s[0]);
+    pin_accumulator(s[1]);
+    if constexpr (kOutput) {  // o's rows staged (the tile's previous reads ended a barrier ago)
+      pin_accumulator(o);
+      for_each_acc(o, [&](int r, int col, float x) {
+        *reinterpret_cast<__nv_bfloat16*>(smem + L::out + L::Rows16::at(col, v0 + r)) = __float2bfloat16_rn(x);
       });
     }
-    __syncthreads();  // K_down, gamma_L, delta, P and the staged rows are consumed; o's rows are in
-    if (j + 1 < b.chunks) issue_update(j + 1);
+    __syncthreads();  // K_down (and P, exp(gamma_L)) are consumed (and o's rows are in)
+    if (leader && j + 1 < b.chunks) issue_update(j + 1);
     if constexpr (kOutput) {
       if (p.o != nullptr) {
         store_cells16<kThreads, C, kTile / 8>(static_cast<__nv_bfloat16*>(p.o) + (b.first + j * b.step) * V + b.e0,
-                                              2 * p.HV * V, smem + L::out, l, Rows16::cell);
+                                              2 * p.HV * V, smem + L::out, l, L::Rows16::cell);
       }
     }
   }
   if (p.final_state == nullptr) return;
-  for_each_acc(s, [&](int r, int col, float x) {
-    p.final_state[state_index(p, b.n, b.head, b.row0 + r, b.e0 + col)] = x;
-  });
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    for_each_acc(s[h], [&](int r, int col, float x) {
+      p.final_state[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x;
+    });
+  }
 }
 
 }  // namespace fkt::cuda

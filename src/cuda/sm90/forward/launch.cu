@@ -10,6 +10,7 @@
 #include "cuda/sm90/forward/fwd_output.cuh"
 #include "cuda/sm90/forward/fwd_state.cuh"
 #include "cuda/sm90/forward/fwd_state_wgmma.cuh"
+#include "cuda/sm90/tensor_map.hpp"
 
 namespace fkt::cuda {
 namespace {
@@ -33,24 +34,39 @@ struct TypeTag {
   using type = T;
 };
 
-// F4: on wgmma at the common shape (bf16 products: CommonDims), else the mma.sync pass. With
-// ws.output_in_state_pass the wgmma pass writes o (F5) and keeps the states on chip.
+// fwd_state_wgmma's arguments: the tensor maps of the workspace rows it reads (bf16 operands,
+// fp32 U), in boxes of one chunk's tokens.
+FwdStateWgmmaParams wgmma_params(const Problem& p, const ForwardParams& params) {
+  const int64_t tokens = p.B * p.T;
+  FwdStateWgmmaParams rs{};
+  rs.p = params;
+  rs.w = row_tensor_map(params.ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  rs.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  rs.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
+  if (params.ws.output_in_state_pass) {
+    rs.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, params.ws.q_up_pitch, tokens, p.chunk);
+    rs.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
+  }
+  return rs;
+}
+
+// F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
+// registers (fwd_state_wgmma), else the mma.sync pass. With ws.output_in_state_pass the wgmma pass
+// writes o (F5) and keeps the states on chip.
 template <Products kP, typename Dims>
 void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims>) {
     auto wgmma_pass = [&](auto stored) {  // TypeTag<the kernel's Stored>, which may be void
       using Stored = typename decltype(stored)::type;
-      with_wgmma_state_tile(p, [&](auto tile) {
-        constexpr int kTile = decltype(tile)::value;
-        const auto kernel = fwd_state_wgmma_kernel<kTile, Stored>;
-        prefer_max_shared(kernel);
-        launch(kernel, state_pass_grid(p, kTile), StateConfig::kThreads,
-               FwdStateWgmmaLayout<kTile, std::is_void_v<Stored>>::bytes, s, params);
-      });
+      using L = FwdStateWgmmaLayout<std::is_void_v<Stored>>;
+      const auto kernel = fwd_state_wgmma_kernel<Stored>;
+      prefer_max_shared(kernel);
+      launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s, wgmma_params(p, params));
     };
     if (params.ws.output_in_state_pass) return wgmma_pass(TypeTag<void>{});
-    with_states_storage<kP>(params.ws.p_states_dtype,
-                            [&](auto stored) { wgmma_pass(TypeTag<decltype(stored)>{}); });
+    // At the common shape bf16 states come with output_in_state_pass only (ForwardWorkspace::carve).
+    FKT_CHECK(params.ws.p_states_dtype == DType::kF32) << "internal: fp32 states expected at the common shape";
+    wgmma_pass(TypeTag<float>{});
   } else {
     const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kP));
     with_state_residency<kP>(p, smem, [&](auto residency) {

@@ -1,14 +1,10 @@
 // Where a block of a wgmma state pass (fwd_state_wgmma, bwd_state_wgmma) works, at the common shape
-// (C = 64, K = V = 128): grid x = sequence * (V / kTile) + V-tile, y = value head; two warpgroups of
-// four warps, warpgroup h holding state rows 64h .. 64h + 63 at all kTile columns and, of the
-// products over the chunk's rows, the columns kTile / 2 h onwards.
+// (C = 64, K = V = 128): grid x = sequence * (V / kTile) + V-tile, y = value head.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/common/mma.cuh"
 #include "cuda/common/round_up.hpp"
-#include "cuda/common/vec4.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -22,8 +18,6 @@ struct WgmmaStateBlock {
   int64_t n;            // the sequence
   int head, e0;         // the value head, the V-tile's first column
   SequenceSpan seq;
-  int half;             // the warpgroup
-  int row0, crow0;      // the warp's first state row, its first chunk row
   int64_t chunks;
   int64_t first, step;  // (token, head) rows: the sequence's first, and a chunk's advance
   int64_t first_state;  // the chunk row of the sequence's first state
@@ -34,9 +28,6 @@ struct WgmmaStateBlock {
         head(blockIdx.y),
         e0(static_cast<int>(blockIdx.x % kTiles) * kTile),
         seq(sequence_span(p, n)),
-        half(threadIdx.x / 128),
-        row0(64 * half + 16 * (threadIdx.x / 32 % 4)),
-        crow0(16 * (threadIdx.x / 32 % 4)),
         chunks(ceil_div(seq.length, kC)),
         first(seq.first_row * p.HV + head),
         step(static_cast<int64_t>(kC) * p.HV),
@@ -46,25 +37,6 @@ struct WgmmaStateBlock {
   // The valid rows of chunk j.
   __device__ int rows_of(int64_t j) const {
     return static_cast<int>(min(static_cast<int64_t>(kC), seq.length - j * kC));
-  }
-
-  // Chunk j's rows of a [B*T, HV, V] fp32 tensor, given at this block's first row and V-tile, into
-  // registers in the layout of the warpgroup's accumulator over the chunk's rows (the warp's rows,
-  // the warpgroup's columns); rows past the chunk's end are zero.
-  template <int N>
-  __device__ void load_chunk_rows(float (&acc)[N][4], const float* tile, int64_t j) const {
-    const int l = rows_of(j);
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-#pragma unroll
-      for (int i = 0; i < 4; i += 2) {
-        const int row = crow0 + acc_row(i);
-        const float2 x = row < l ? load2(tile + j * step * kV + row * row_stride + kTile / 2 * half + acc_col(t, i))
-                                 : make_float2(0.f, 0.f);
-        acc[t][i] = x.x;
-        acc[t][i + 1] = x.y;
-      }
-    }
   }
 };
 

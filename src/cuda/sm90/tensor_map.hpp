@@ -1,0 +1,19 @@
+// Tensor maps (TMA descriptors) of the workspace's row tensors, encoded on the host per call.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+
+#include "core/tensor.hpp"
+
+namespace fkt::cuda {
+
+// A [tokens, heads, cols] tensor of bf16 or fp32 rows (a row's elements contiguous, heads
+// head_pitch elements apart, tokens heads * head_pitch apart) read in boxes of 128 bytes of one
+// row (64 bf16 or 32 fp32 columns) x one head x box_rows tokens, under the 128-byte swizzle:
+// coordinates (first column, head, first token). Rows past the tensor read as zero.
+CUtensorMap row_tensor_map(const void* base, DType dtype, int64_t cols, int64_t heads, int64_t head_pitch,
+                           int64_t tokens, int box_rows);
+
+}  // namespace fkt::cuda
