@@ -177,10 +177,6 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
     }
     __syncthreads();  // K_down and gamma_L are consumed; exp(gamma_L), dS and d_delta are in
     if (leader && j > 0) issue_delta(j - 1);
-    store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (b.first_state + j * f.HV) * K * V + b.e0, 4 * V,
-                                          smem + L::ds, K, L::Rows32::cell);
-    store_cells16<kThreads, C, kTile / 4>(d_delta + j * b.step * V, 4 * f.HV * V, smem + L::dd, l, L::Rows32::cell);
-    if (j > 0) load_intra(intra, j - 1);
     // E^T <- E^T diag(exp(gamma_L)) - (d_delta / s)^T W + dO^T Q_up.
 #pragma unroll
     for (int h = 0; h < 2; ++h) transform_acc(e[h], [&](int, int col, float x) { return decay[64 * h + col] * x; });
@@ -206,6 +202,11 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
       }
     }
     wgmma_commit();
+    // While the products run: dS and d_delta in whole rows, the previous chunk's intra part.
+    store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (b.first_state + j * f.HV) * K * V + b.e0, 4 * V,
+                                          smem + L::ds, K, L::Rows32::cell);
+    store_cells16<kThreads, C, kTile / 4>(d_delta + j * b.step * V, 4 * f.HV * V, smem + L::dd, l, L::Rows32::cell);
+    if (j > 0) load_intra(intra, j - 1);
     wgmma_wait();
     pin_accumulator(e[0]);
     pin_accumulator(e[1]);

@@ -190,12 +190,6 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
     }
     __syncthreads();  // W, U, gamma_L (and Q_up) are consumed; exp(gamma_L) is in (and h_j, delta staged)
     if (leader && j + 1 < b.chunks) issue_values(j + 1);
-    if constexpr (!kOutput) {
-      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::states,
-                                            K, L::Rows32::cell);
-      store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (b.first + j * b.step) * V + b.e0, 4 * p.HV * V,
-                                            smem + L::out, l, L::Rows32::cell);
-    }
     // S^T <- S^T diag(exp(gamma_L)) + delta^T K_down (and o^T += delta^T P^T).
 #pragma unroll
     for (int h = 0; h < 2; ++h) transform_acc(s[h], [&](int, int col, float x) { return decay[64 * h + col] * x; });
@@ -227,6 +221,12 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
       }
     }
     wgmma_commit();
+    if constexpr (!kOutput) {  // while the products run: h_j and delta in whole rows
+      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::states,
+                                            K, L::Rows32::cell);
+      store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (b.first + j * b.step) * V + b.e0, 4 * p.HV * V,
+                                            smem + L::out, l, L::Rows32::cell);
+    }
     wgmma_wait();
     pin_accumulator(s[0]);
     pin_accumulator(s[1]);
