@@ -6,8 +6,8 @@
 // - the gradient of the state leaving the chunk is held as E^T = dS^T / s [64 value columns, K]
 //   (fp32, registers: warp w holds value columns 16w .. 16w + 15), the accumulator of the update
 //   E^T <- E^T diag(exp(gamma_L)) - (d_delta / s)^T W + dO^T Q_up (B = W, Q_up: MN-major as their
-//   rows are stored; dO^T is the A of the last product, read from its tile). Scaled so, s Q_up^T dO
-//   needs no accumulator of its own.
+//   rows are stored; dO^T is the A of the last product, read by it from dO's tile: "SS"). Scaled
+//   so, s Q_up^T dO needs no accumulator of its own.
 // - d_delta^T = intra part (B1) + dS^T K_down^T (B = K_down, K-major), the intra part loaded into
 //   the accumulator's registers a chunk ahead.
 // - A = dS^T and d_delta^T / s in two bf16 parts each (hi + lo, a_fragment): the sum holds the fp32

@@ -82,9 +82,9 @@ BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params)
   return wgmma;
 }
 
-// B2: on wgmma at the common shape with bf16 products and a bf16 dO whose rows start 16-byte
-// aligned (copied 16 bytes at a time), for a scale s whose inverse is a normal float too (the pass
-// holds dS / s), else the mma.sync pass.
+// B2: on wgmma at the common shape with bf16 products and a bf16 dO that starts 16-byte aligned
+// (TMA copies it), for a scale s whose inverse is a normal float too (the pass holds dS / s), else
+// the mma.sync pass.
 template <Products kP, typename Dims, typename DoT>
 void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims> && sizeof(DoT) == 2) {

@@ -1,13 +1,13 @@
-// F4 on CUDA for bf16 products at the common shape (C = 64, K = V = 128), 64-column V-tiles: the
-// pass of fwd_state_wgmma with the state held transposed, so that every product takes its fp32
-// operand from registers (wgmma's A, "RS") and reads only the chunk's operands from shared memory,
-// where TMA puts them. One warpgroup per (sequence, value head, V-tile), walking the chunks in order:
+// F4 on CUDA for bf16 products at the common shape (C = 64, K = V = 128), the state held transposed
+// in registers, so that every product takes its fp32 operand from registers (wgmma's A, "RS") and
+// reads only the chunk's bf16 operands from shared memory, where TMA puts them. One warpgroup per
+// (sequence, value head, 64-column V-tile), walking the chunks in order:
 // - S^T [64 value columns, K] (fp32, registers: warp w holds value columns 16w .. 16w + 15) is the
 //   accumulator of delta^T K_down (B = K_down, MN-major as its rows are stored);
 // - delta^T = U^T - S^T W^T (B = W, K-major), U^T read from its tile into the accumulator;
 // - A = S^T and delta^T in two bf16 parts each (hi + lo, a_fragment): the sum holds the fp32
-//   operand to 2^-17, as fwd_state_wgmma's split mirrors do, without the mirrors: no store of S or
-//   delta to shared memory and no barrier for them, and each product reads its B operand alone.
+//   operand to 2^-17 (a TF32 operand keeps 2^-11), with no copy of S or delta through shared
+//   memory, and each product reads its B operand once.
 // - F5 may run inside the pass (Stored = void): o^T = s S^T Q_up^T + delta^T P^T (S's hi part, the
 //   bf16 states that fwd_output reads), o leaving in bf16; else (Stored = float) the states and
 //   delta leave in fp32. Both leave in whole 16-byte rows from shared memory.
@@ -59,8 +59,8 @@ struct FwdStateWgmmaLayout {
   static constexpr uint32_t kUpdateBytes = (kOutput ? 3 : 2) * kBox;
 };
 
-// Stored: void, F5 inside the pass (ws.output_in_state_pass); float, the fp32 states and delta
-// (the backward's layout: ws.p_states_dtype is fp32 at the common shape but with F5 inside).
+// Stored: void, F5 inside the pass (ws.output_in_state_pass); float, the states and delta in fp32
+// (the backward's layout; at the common shape bf16 states come only with F5 inside).
 template <typename Stored>
 __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::kThreads, 2)
     fwd_state_wgmma_kernel(const __grid_constant__ FwdStateWgmmaParams params) {
