@@ -30,8 +30,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 CUtensorMap row_tensor_map(const void* base, DType dtype, int64_t cols, int64_t heads, int64_t head_pitch,
                            int64_t tokens, int box_rows) {
   FKT_CHECK(dtype == DType::kBF16 || dtype == DType::kF32) << "internal: tensor maps of bf16 or fp32 rows";
-  FKT_CHECK(tokens <= INT32_MAX) << "q: the CUDA state passes address at most " << INT32_MAX
-                                 << " token rows (32-bit TMA coordinates), got " << tokens;
+  FKT_CHECK(tokens <= INT32_MAX) << "internal: 32-bit TMA token coordinates (check_supported), got " << tokens;
   const int64_t bytes = dtype == DType::kBF16 ? 2 : 4;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(tokens)};

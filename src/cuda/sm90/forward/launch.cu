@@ -98,6 +98,8 @@ void check_supported(const Problem& p) {
   FKT_CHECK(p.K <= kMaxHeadDim && p.V <= kMaxHeadDim)
       << "q, v: the CUDA backend supports head dims K, V <= " << kMaxHeadDim << ", got K = " << p.K << ", V = " << p.V;
   FKT_CHECK(p.HV <= 65535) << "v: the CUDA backend supports at most 65535 value heads, got " << p.HV;
+  FKT_CHECK(p.B * p.T <= INT32_MAX) << "q: the CUDA backend supports at most " << INT32_MAX
+                                    << " token rows (B * T, 32-bit TMA coordinates), got " << p.B * p.T;
   const DeviceLimits& device = device_limits(p.device.device_id);
   FKT_CHECK(device.major == 9 && device.minor == 0)
       << "q: the CUDA backend is built for Hopper (sm_90a); cuda:" << p.device.device_id << " has compute capability "
