@@ -1,5 +1,7 @@
 // Host side of the CUDA forward: what it supports, its workspace, and the launches F1 to F5.
 // No allocation, no copy and no synchronisation: everything is enqueued on the caller's stream.
+#include <cstdint>
+
 #include "core/error.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/common/check.cuh"
