@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
   const bool leader = threadIdx.x == 0;
   const float s = f.scale, inv_s = 1.f / f.scale;
   extern __shared__ __align__(1024) char smem_raw[];
-  char* const smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAlign - 1) &
-                                             ~static_cast<uintptr_t>(L::kAlign - 1));
+  char* const smem = align_shared<L::kAlign>(smem_raw);
   uint64_t* const delta_ready = reinterpret_cast<uint64_t*>(smem + L::bars);
   uint64_t* const update_ready = delta_ready + 1;
   const float* const g_last = reinterpret_cast<const float*>(smem + L::g_last);

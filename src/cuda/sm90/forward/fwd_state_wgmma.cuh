@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
   const int v0 = 16 * static_cast<int>(threadIdx.x / 32);  // the warp's first value column in the tile
   const bool leader = threadIdx.x == 0;
   extern __shared__ __align__(1024) char smem_raw[];
-  char* const smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAlign - 1) &
-                                             ~static_cast<uintptr_t>(L::kAlign - 1));
+  char* const smem = align_shared<L::kAlign>(smem_raw);
   uint64_t* const values_ready = reinterpret_cast<uint64_t*>(smem + L::bars);
   uint64_t* const update_ready = values_ready + 1;
   const float* const g_last = reinterpret_cast<const float*>(smem + L::g_last);
