@@ -57,8 +57,9 @@ LOW_PRECISION_BOUNDS = [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 2e-5
 
 @pytest.mark.parametrize("dtype,bound,state_bound", LOW_PRECISION_BOUNDS)
 # CASES[3] (K = V = 128, chunks of 64): the kernels with compile-time dims (sm90/dims.hpp).
-@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[3], WIDE], ids=["gate-l2norm-gva", "varlen", "K128",
-                                                                           "K128-wide"])
+# K128-vfirst: the wgmma pass reading and writing states in the [.., V, K] layout.
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[3], WIDE, CASES[3] | dict(state_v_first=True)],
+                         ids=["gate-l2norm-gva", "varlen", "K128", "K128-wide", "K128-vfirst"])
 def test_low_precision_forward_matches_gold(case, dtype, bound, state_bound):
     o, ht, x, kw, opts = run(case, "cuda", dtype)
     gold_o, gold_ht, _ = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw,
