@@ -40,16 +40,16 @@ struct TypeTag {
 // fp32 U), in boxes of one chunk's tokens.
 FwdStateWgmmaParams wgmma_params(const Problem& p, const ForwardParams& params) {
   const int64_t tokens = p.B * p.T;
-  FwdStateWgmmaParams rs{};
-  rs.p = params;
-  rs.w = row_tensor_map(params.ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  rs.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  rs.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
+  FwdStateWgmmaParams wgmma{};
+  wgmma.p = params;
+  wgmma.w = row_tensor_map(params.ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  wgmma.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  wgmma.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
   if (params.ws.output_in_state_pass) {
-    rs.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, params.ws.q_up_pitch, tokens, p.chunk);
-    rs.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
+    wgmma.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, params.ws.q_up_pitch, tokens, p.chunk);
+    wgmma.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
   }
-  return rs;
+  return wgmma;
 }
 
 // F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
