@@ -10,6 +10,7 @@
 #include "cuda/common/batched.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
+#include "cuda/common/shared_address.cuh"
 #include "cuda/common/vec4.cuh"
 
 namespace fkt::cuda {
@@ -17,7 +18,7 @@ namespace fkt::cuda {
 // 16-byte copies bypass L1 (.cg: the tiles are read once, from shared memory); smaller ones cannot.
 template <int kBytes>
 __device__ __forceinline__ void cp_async(float* dst, const float* src, bool valid) {
-  const auto to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const uint32_t to = shared_address(dst);
   if constexpr (kBytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
   } else {

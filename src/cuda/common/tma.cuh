@@ -13,19 +13,9 @@
 
 #include <cuda.h>
 
+#include "cuda/common/shared_address.cuh"
+
 namespace fkt::cuda {
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The dynamic shared memory from `base` rounded up to kAlign bytes (a 128-byte-swizzled box needs
-// 1024): the launch asks for kAlign bytes more than the layout.
-template <int kAlign>
-__device__ __forceinline__ char* align_shared(char* base) {
-  return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kAlign - 1) &
-                                 ~static_cast<uintptr_t>(kAlign - 1));
-}
 
 // A barrier for one arrival, its initialisation published to the block's other threads and to the
 // async proxy (a __syncthreads must follow before they use it).

@@ -19,6 +19,8 @@
 
 #include <cuda_bf16.h>
 
+#include "cuda/common/shared_address.cuh"
+
 namespace fkt::cuda {
 
 // The descriptor fields of an operand at shared address `at` (16-byte aligned): its leading and
@@ -39,12 +41,12 @@ struct Swizzled128 {
   static constexpr uint64_t kLayout = 1ull << 62;  // the descriptor's layout type 1: 128-byte swizzle
   // K-major: the tile's rows along N (groups of 8 rows 1024 bytes apart), its bytes along K.
   __device__ static __forceinline__ uint64_t k_major(const char* tile) {
-    return smem_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(tile)), 16, 1024) | kLayout;
+    return smem_descriptor(shared_address(tile), 16, 1024) | kLayout;
   }
   // MN-major: the tile's rows along K (groups of 8 rows 1024 bytes apart), the 64 bf16 of a row
   // along N.
   __device__ static __forceinline__ uint64_t mn_major(const char* tile) {
-    return smem_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(tile)), 8192, 1024) | kLayout;
+    return smem_descriptor(shared_address(tile), 8192, 1024) | kLayout;
   }
   __device__ static __forceinline__ uint64_t plus(uint64_t descriptor, int bytes) { return descriptor + (bytes >> 4); }
 };

@@ -1,0 +1,21 @@
+// Shared-memory addresses: the 32-bit shared-window address that PTX's shared-state-space
+// instructions take, and a dynamic shared-memory base rounded up for TMA boxes.
+#pragma once
+
+#include <cstdint>
+
+namespace fkt::cuda {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The dynamic shared memory from `base` rounded up to kAlign bytes (a 128-byte-swizzled box needs
+// 1024): the launch asks for kAlign bytes more than the layout.
+template <int kAlign>
+__device__ __forceinline__ char* align_shared(char* base) {
+  return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kAlign - 1) &
+                                 ~static_cast<uintptr_t>(kAlign - 1));
+}
+
+}  // namespace fkt::cuda
