@@ -29,6 +29,10 @@ struct SplitTf32 {
 // so NaN still reaches the product.
 __device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
+// x rounded to TF32 as an fp32 value, for an operand stored where it is produced and read by TF32
+// wgmma products (which truncate): NaN stays NaN.
+__device__ __forceinline__ float tf32_rounded(float x) { return x != x ? x : __uint_as_float(round_tf32(x)); }
+
 // kSplit3: x = hi + lo exactly (|lo| <= 2^-11 |x|); the mma reads lo's top 19 bits, so lo is
 // truncated by the hardware at no cost (error <= 2^-21 |x|). kTf32: hi only (lo unused).
 template <Products kP>

@@ -11,11 +11,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 }
 
 // The dynamic shared memory from `base` rounded up to kAlign bytes (a 128-byte-swizzled box needs
-// 1024): the launch asks for kAlign bytes more than the layout.
+// 1024): the launch asks for kAlign bytes more than the layout. An offset added to `base`, so that
+// the compiler still sees a shared-memory pointer and emits LDS / STS (through an integer it would
+// emit generic loads and stores).
 template <int kAlign>
 __device__ __forceinline__ char* align_shared(char* base) {
-  return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kAlign - 1) &
-                                 ~static_cast<uintptr_t>(kAlign - 1));
+  return base + (kAlign - shared_address(base) % kAlign) % kAlign;
 }
 
 }  // namespace fkt::cuda

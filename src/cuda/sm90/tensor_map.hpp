@@ -16,4 +16,11 @@ namespace fkt::cuda {
 CUtensorMap row_tensor_map(const void* base, DType dtype, int64_t cols, int64_t heads, int64_t head_pitch,
                            int64_t tokens, int box_rows);
 
+// A [blocks, rows, cols] tensor of contiguous [rows, cols] blocks read in boxes of 128 bytes of a
+// row x box_rows rows (at most 256) of one block, under the 128-byte swizzle: coordinates (first
+// column, first row, block). The chunk states [chunks, HV, K, V], as [chunks, HV * K, V], take
+// boxes of one head's K rows.
+CUtensorMap block_tensor_map(const void* base, DType dtype, int64_t cols, int64_t rows, int64_t blocks,
+                             int box_rows);
+
 }  // namespace fkt::cuda

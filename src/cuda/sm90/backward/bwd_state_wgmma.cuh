@@ -12,7 +12,8 @@
 //   the accumulator's registers a chunk ahead.
 // - A = dS^T and d_delta^T / s in two bf16 parts each (hi + lo, a_fragment): the sum holds the fp32
 //   operand to 2^-17.
-// - dS and d_delta leave in whole 16-byte rows, staged fp32 in shared memory.
+// - dS and d_delta leave in whole 16-byte rows, staged fp32 in shared memory, rounded to TF32
+//   (tf32_rounded: bwd_wy_inter's TF32 wgmma products read them as they are); dh0 leaves unrounded.
 // One thread issues the copies: the previous chunk's K_down and gamma_L once this chunk's d_delta
 // has been formed, its W, Q_up and dO once this chunk's update has run, each group on its mbarrier.
 #pragma once
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
         for (int i = 0; i < 4; ++i) ds[n][i] = s * e[h][n][i];
       }
       for_each_acc(ds, [&](int r, int col, float x) {
-        *reinterpret_cast<float*>(smem + L::ds + L::Rows32::at(64 * h + col, v0 + r)) = x;
+        *reinterpret_cast<float*>(smem + L::ds + L::Rows32::at(64 * h + col, v0 + r)) = tf32_rounded(x);
       });
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) a[4 * h + ks] = a_fragment(ds, ks);
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
     pin_accumulator(dd);
     if (l < C) transform_acc(dd, [&](int, int col, float x) { return col < l ? x : 0.f; });
     for_each_acc(dd, [&](int r, int col, float x) {
-      *reinterpret_cast<float*>(smem + L::dd + L::Rows32::at(col, v0 + r)) = x;
+      *reinterpret_cast<float*>(smem + L::dd + L::Rows32::at(col, v0 + r)) = tf32_rounded(x);
     });
     SplitFragment da[C / 16];
 #pragma unroll

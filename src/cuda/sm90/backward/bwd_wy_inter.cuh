@@ -2,8 +2,14 @@
 // W S) and the WY representation (U = T diag(beta) V, W = T diag(beta) K_up), as in
 // src/cpu/bwd_wy_inter.cpp. Writes dq, dk, dgamma and dbeta partials, dv (final) and dA.
 // S = h (state entering the chunk), dS = d_states (gradient of the state leaving it). Every
-// product runs on tensor cores (common/mma.cuh); warps own 16-row tiles of the outputs.
+// product runs on tensor cores (common/mma.cuh); warps own 16-row tiles of the outputs. For bf16
+// products and a bf16 dO at the common shape the products with the states run on wgmma
+// (wy_inter_state_wgmma.cuh).
 #pragma once
+
+#include <type_traits>
+
+#include <cuda_bf16.h>
 
 #include "cuda/common/batched.cuh"
 #include "cuda/common/convert.cuh"
@@ -12,6 +18,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
 #include "cuda/sm90/backward/params.hpp"
+#include "cuda/sm90/backward/wy_inter_state_wgmma.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 
@@ -22,20 +29,26 @@ struct WyInterConfig {
   static constexpr int kCols = 32;   // columns of a warp tile
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
   static constexpr int kRowGroups = 4;  // thread groups splitting the rows of the gamma_L sum
-  __host__ __device__ static int padded(int x) { return round_up<8>(x); }
+  __host__ __device__ static constexpr int padded(int x) { return round_up<8>(x); }
 };
+
+// Whether B3's products with the states run on wgmma (wy_inter_state_products): bf16 products
+// (CommonDims comes with them only) and a bf16 dO at the common shape.
+template <typename Dims, typename DoT>
+inline constexpr bool kWyInterStateWgmma = std::is_same_v<Dims, CommonDims> && std::is_same_v<DoT, __nv_bfloat16>;
 
 // fp32 shared memory, offsets in floats; row strides 4 (mod 32) keep the mma operand reads of
 // (row g, column t) free of bank conflicts, T's stride 8 (mod 32) its transposed reads.
 struct WyInterLayout {
-  int ldb, lds, ldt, ldv;
-  int b0, b1, b2, region, carry, part, rows_part, dots, floats;
+  int ldb = 0, lds = 0, ldt = 0, ldv = 0;
+  int b0 = 0, b1 = 0, b2 = 0, region = 0, carry = 0, part = 0, rows_part = 0, dots = 0, bars = 0, floats = 0;
   // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds].
-  int s, ds, tile_do, tile_delta, tile_dd;
+  int s = 0, ds = 0, tile_do = 0, tile_delta = 0, tile_dd = 0;
   // Later in the region: T [C, ldt], d_delta and v [C, ldv].
-  int t, dd, v;
+  int t = 0, dd = 0, v = 0;
 
-  __host__ __device__ WyInterLayout(int C, int K, int V) {
+  // state_tiles: room for wy_inter_state_products's tiles (WyInterStateTiles) below carry.
+  __host__ __device__ constexpr WyInterLayout(int C, int K, int V, bool state_tiles) {
     const int Kp = WyInterConfig::padded(K), Vp = WyInterConfig::padded(V);
     ldb = (Kp > C ? Kp : C) + 4;
     lds = WyInterConfig::kTileV + 4;
@@ -53,28 +66,37 @@ struct WyInterLayout {
     t = region;
     dd = t + C * ldt;
     v = dd + C * ldv;
-    const int phase1_end = tile_dd + C * lds, later_end = v + C * ldv;
+    const int phase1_end = state_tiles ? WyInterStateTiles::bytes / 4 : tile_dd + C * lds, later_end = v + C * ldv;
     carry = phase1_end > later_end ? phase1_end : later_end;  // [K]
     part = carry + K;                                          // [Vp / 32, C] dbeta parts of Y_u . v
     rows_part = part + ceil_div(Vp, WyInterConfig::kCols) * C;  // [kRowGroups, K]
     dots = rows_part + WyInterConfig::kRowGroups * K;           // [C, Kp / 4 + 1] Y_w . K_up by 4-column cells
-    floats = dots + C * (Kp / 4 + 1);
+    bars = round_up<2>(dots + C * (Kp / 4 + 1));  // mbarriers (wy_inter_state_products)
+    floats = bars + 2 * WyInterStateTiles::kTiles;
   }
-  static size_t bytes(int C, int K, int V) { return sizeof(float) * WyInterLayout(C, K, V).floats; }
+  // The launch's bytes: with the state products on wgmma, room to align the base for TMA boxes.
+  static constexpr int kAlign = 1024;
+  static size_t bytes(int C, int K, int V, bool state_wgmma) {
+    return sizeof(float) * WyInterLayout(C, K, V, state_wgmma).floats + (state_wgmma ? kAlign : 0);
+  }
 };
 
 // DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
 template <Products kP, typename Dims, typename DoT>
-__global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(const __grid_constant__ BackwardParams p) {
+__global__ void __launch_bounds__(WyInterConfig::kThreads)
+    bwd_wy_inter_kernel(const __grid_constant__ WyInterParams params) {
   constexpr int kTile = WyInterConfig::kTileV;
+  constexpr bool kStateWgmma = kWyInterStateWgmma<Dims, DoT>;
+  const BackwardParams& p = params.p;
   const ForwardParams& f = p.fwd;
   const int64_t chunk = blockIdx.x;
   const ChunkSpan c = chunk_span(f, chunk);
   const int head = blockIdx.y, C = Dims::chunk(f), K = Dims::k(f), V = Dims::v(f), l = static_cast<int>(c.rows);
   const int Kp = WyInterConfig::padded(K), Vp = WyInterConfig::padded(V);
-  const WyInterLayout L(C, K, V);
+  const WyInterLayout L(C, K, V, kStateWgmma);
   const int ldb = L.ldb, lds = L.lds, ldt = L.ldt, ldv = L.ldv;
-  extern __shared__ __align__(16) float smem[];
+  extern __shared__ __align__(16) char smem_raw[];
+  float* const smem = reinterpret_cast<float*>(kStateWgmma ? align_shared<WyInterLayout::kAlign>(smem_raw) : smem_raw);
   float* B0 = smem + L.b0;  // dO S^T, then Y_w = T^T dW, then dT
   float* B1 = smem + L.b1;  // delta dS^T, then dk_inter, then K_up, then Z = tril(dT) T^T
   float* B2 = smem + L.b2;  // d_delta S^T, then dW
@@ -94,7 +116,10 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
 
   // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T (accumulated over V-tiles in
   // registers), carry = rowsum(S * dS). Rows past the chunk's end and padding are zero.
-  {
+  if constexpr (kStateWgmma) {
+    wy_inter_state_products(params, c, chunk, head, reinterpret_cast<char*>(smem),
+                            reinterpret_cast<uint64_t*>(smem + L.bars), B0, B1, B2, ldb, carry);
+  } else {
     float* S = smem + L.s;
     float* dS = smem + L.ds;
     // 16-bit dO rows: 8 (mod 64) elements, two lanes per word, free of bank conflicts too.
@@ -155,8 +180,15 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
     }
   }
   __syncthreads();
+  // T and d_delta into the region, which phase 1 has finished with, while phase 2 runs.
+  float* T = smem + L.t;    // [C, ldt]
+  float* dd = smem + L.dd;  // [C, ldv]
+  float* vs = smem + L.v;   // [C, ldv]
+  copy_rows_async(T, ldt, f.ws.T + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
+  copy_rows_async(dd, ldv, p.ws.d_delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  cp_async_commit();
 
-  // Phase 2: dq_inter, dk_inter, dW and the first dgamma terms; then T, d_delta and v into the region.
+  // Phase 2: dq_inter, dk_inter, dW and the first dgamma terms; then v into the region.
   // The element-wise passes below take 4 columns of a row per step (cells); global rows of K floats
   // are 16-byte aligned when K is a multiple of 4. Columns past K and rows past the chunk's end load
   // as zero, so the shared-memory results there are zero (mma operands below need zero padding).
@@ -216,12 +248,6 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads) bwd_wy_inter_kernel(c
             map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter);
         store_first(p.ws.dgamma + global, dgamma, K - d, vector);
       });
-  float* T = smem + L.t;    // [C, ldt]
-  float* dd = smem + L.dd;  // [C, ldv]
-  float* vs = smem + L.v;   // [C, ldv]
-  copy_rows_async(T, ldt, f.ws.T + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
-  copy_rows_async(dd, ldv, p.ws.d_delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
-  cp_async_commit();
   load_rows_as_float(vs, ldv, f.v, f.v_dtype, row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
   cp_async_wait<0>();
   __syncthreads();

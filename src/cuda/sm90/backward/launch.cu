@@ -82,14 +82,19 @@ BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params)
   return wgmma;
 }
 
-// B2: on wgmma at the common shape with bf16 products and a bf16 dO that starts 16-byte aligned
-// (TMA copies it), for a scale s whose inverse is a normal float too (the pass holds dS / s), else
-// the mma.sync pass.
+// Whether B2 runs on wgmma (bwd_state_wgmma), given the common shape with bf16 products and a bf16
+// dO: for a dO that starts 16-byte aligned (TMA copies it) and a scale s whose inverse is a normal
+// float too (the pass holds dS / s).
+bool backward_state_on_wgmma(const BackwardParams& params) {
+  const float scale = params.fwd.scale;
+  return reinterpret_cast<uintptr_t>(params.d_o) % 16 == 0 && std::isnormal(scale) && std::isnormal(1.f / scale);
+}
+
+// B2: on wgmma where backward_state_on_wgmma says so, else the mma.sync pass.
 template <Products kP, typename Dims, typename DoT>
 void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims> && sizeof(DoT) == 2) {
-    const float scale = params.fwd.scale;
-    if (reinterpret_cast<uintptr_t>(params.d_o) % 16 == 0 && std::isnormal(scale) && std::isnormal(1.f / scale)) {
+    if (backward_state_on_wgmma(params)) {
       using L = BwdStateWgmmaLayout;
       prefer_max_shared(bwd_state_wgmma_kernel);
       return launch(bwd_state_wgmma_kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s,
@@ -103,6 +108,32 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
     if constexpr (R::blocks_per_sm > 1) prefer_max_shared(kernel);
     launch(kernel, state_pass_grid(p), R::threads, smem, s, params);
   });
+}
+
+// B3: its products with the states on wgmma where the forward's and the backward's state passes ran
+// on wgmma (kWyInterStateWgmma and backward_state_on_wgmma: they store their fp32 results rounded
+// to TF32, which those products read as they are), else all on mma.sync.
+template <Products kP, typename Dims, typename DoT>
+void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+  const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
+  const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
+  WyInterParams args{};
+  args.p = params;
+  if constexpr (kWyInterStateWgmma<Dims, DoT>) {
+    if (!backward_state_on_wgmma(params)) {
+      return launch(bwd_wy_inter_kernel<kP, RuntimeDims, DoT>, per_chunk, WyInterConfig::kThreads,
+                    WyInterLayout::bytes(C, K, V, false), s, args);
+    }
+    const ForwardWorkspace& ws = params.fwd.ws;
+    const int64_t tokens = p.B * p.T, chunks = ForwardWorkspace::chunks(p);
+    args.states = block_tensor_map(ws.states, DType::kF32, V, p.HV * K, chunks, K);
+    args.d_states = block_tensor_map(params.ws.d_states, DType::kF32, V, p.HV * K, chunks, K);
+    args.delta = row_tensor_map(ws.delta, DType::kF32, V, p.HV, V, tokens, C);
+    args.d_delta = row_tensor_map(params.ws.d_delta, DType::kF32, V, p.HV, V, tokens, C);
+    args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, tokens, C);
+  }
+  launch(bwd_wy_inter_kernel<kP, Dims, DoT>, per_chunk, WyInterConfig::kThreads,
+         WyInterLayout::bytes(C, K, V, kWyInterStateWgmma<Dims, DoT>), s, args);
 }
 
 }  // namespace
@@ -143,10 +174,8 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
     });
     with_dims<kP>(p, [&](auto dims) {
       using Dims = decltype(dims);
-      with_d_o_storage<kP>(params.d_o_dtype, [&](auto stored) {
-        launch(bwd_wy_inter_kernel<kP, Dims, decltype(stored)>, per_chunk, WyInterConfig::kThreads,
-               WyInterLayout::bytes(C, K, V), s, params);
-      });
+      with_d_o_storage<kP>(params.d_o_dtype,
+                           [&](auto stored) { wy_inter_pass<kP, Dims, decltype(stored)>(p, params, s); });
       launch(bwd_intra_kernel<kP, Dims>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s,
              params);
     });

@@ -10,7 +10,8 @@
 //   memory, and each product reads its B operand once.
 // - F5 may run inside the pass (Stored = void): o^T = s S^T Q_up^T + delta^T P^T (S's hi part, the
 //   bf16 states that fwd_output reads), o leaving in bf16; else (Stored = float) the states and
-//   delta leave in fp32. Both leave in whole 16-byte rows from shared memory.
+//   delta leave in fp32, rounded to TF32 (tf32_rounded: bwd_wy_inter's TF32 wgmma products read
+//   them as they are). Both leave in whole 16-byte rows from shared memory.
 // One thread issues the copies: the next chunk's W, U, gamma_L (and Q_up) once this chunk's have
 // been read, its K_down (and P) once this chunk's update has run, each group on its mbarrier.
 #pragma once
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         for_each_acc(s[h], [&](int r, int col, float x) {
-          *reinterpret_cast<float*>(smem + L::states + L::Rows32::at(64 * h + col, v0 + r)) = x;
+          *reinterpret_cast<float*>(smem + L::states + L::Rows32::at(64 * h + col, v0 + r)) = tf32_rounded(x);
         });
       }
     }
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
     for (int ks = 0; ks < C / 16; ++ks) da[ks] = a_fragment(d, ks);
     if constexpr (!kOutput) {
       for_each_acc(d, [&](int r, int col, float x) {
-        *reinterpret_cast<float*>(smem + L::out + L::Rows32::at(col, v0 + r)) = x;
+        *reinterpret_cast<float*>(smem + L::out + L::Rows32::at(col, v0 + r)) = tf32_rounded(x);
       });
     } else {
       wgmma_wait();
