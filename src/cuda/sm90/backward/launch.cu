@@ -34,7 +34,6 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   params.d_o_dtype = d_o.dtype;
   params.d_final_state = static_cast<const float*>(data_or_null(io.d_final_state, "d_final_state"));
   params.g = p.g.bytes();
-  params.g_dtype = p.g.dtype;
   params.A_log = p.A_log.present() ? p.A_log.bytes() : nullptr;
   params.A_log_dtype = p.A_log.dtype;
   params.dt_bias = p.dt_bias.present() ? p.dt_bias.bytes() : nullptr;
@@ -51,7 +50,6 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   params.ddt_bias = data_or_null(io.ddt_bias, "ddt_bias");
   params.dh0 = static_cast<float*>(data_or_null(io.dh0, "dh0"));
   params.dv_dtype = p.v.dtype;
-  params.dg_dtype = p.g.dtype;
   params.dbeta_dtype = p.beta.dtype;
   params.dA_log_dtype = p.A_log.dtype;
   params.ddt_bias_dtype = p.dt_bias.dtype;
