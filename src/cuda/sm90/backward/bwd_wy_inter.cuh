@@ -3,8 +3,8 @@
 // src/cpu/bwd_wy_inter.cpp. Writes dq, dk, dgamma and dbeta partials, dv (final) and dA.
 // S = h (state entering the chunk), dS = d_states (gradient of the state leaving it). Every
 // product runs on tensor cores (common/mma.cuh); warps own 16-row tiles of the outputs. For bf16
-// products and a bf16 dO at the common shape the products with the states run on wgmma
-// (wy_inter_state_wgmma.cuh).
+// products and a bf16 dO at the common shape, where both state passes ran on wgmma, the products
+// with the states run on wgmma (wy_inter_state_wgmma.cuh; the launch's wy_inter_pass chooses).
 #pragma once
 
 #include <type_traits>
@@ -32,8 +32,9 @@ struct WyInterConfig {
   __host__ __device__ static constexpr int padded(int x) { return round_up<8>(x); }
 };
 
-// Whether B3's products with the states run on wgmma (wy_inter_state_products): bf16 products
-// (CommonDims comes with them only) and a bf16 dO at the common shape.
+// Whether this instance of B3 forms its products with the states on wgmma (wy_inter_state_products):
+// bf16 products (CommonDims comes with them only) and a bf16 dO at the common shape. The launch runs
+// it only where the backward's state pass ran on wgmma too (wy_inter_pass), else RuntimeDims's.
 template <typename Dims, typename DoT>
 inline constexpr bool kWyInterStateWgmma = std::is_same_v<Dims, CommonDims> && std::is_same_v<DoT, __nv_bfloat16>;
 
@@ -42,7 +43,8 @@ inline constexpr bool kWyInterStateWgmma = std::is_same_v<Dims, CommonDims> && s
 struct WyInterLayout {
   int ldb = 0, lds = 0, ldt = 0, ldv = 0;
   int b0 = 0, b1 = 0, b2 = 0, region = 0, carry = 0, part = 0, rows_part = 0, dots = 0, bars = 0, floats = 0;
-  // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds].
+  // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds] (unused with
+  // state_tiles, whose tiles start at 0 and cover B0 to B2 and the region).
   int s = 0, ds = 0, tile_do = 0, tile_delta = 0, tile_dd = 0;
   // Later in the region: T [C, ldt], d_delta and v [C, ldv].
   int t = 0, dd = 0, v = 0;
@@ -80,6 +82,8 @@ struct WyInterLayout {
     return sizeof(float) * WyInterLayout(C, K, V, state_wgmma).floats + (state_wgmma ? kAlign : 0);
   }
 };
+static_assert(sizeof(float) * WyInterLayout(64, 128, 128, true).floats + WyInterLayout::kAlign <= 227 * 1024,
+              "B3 with the state tiles fits an SM's shared memory");
 
 // DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
 template <Products kP, typename Dims, typename DoT>
@@ -95,8 +99,10 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   const int Kp = WyInterConfig::padded(K), Vp = WyInterConfig::padded(V);
   const WyInterLayout L(C, K, V, kStateWgmma);
   const int ldb = L.ldb, lds = L.lds, ldt = L.ldt, ldv = L.ldv;
-  extern __shared__ __align__(16) char smem_raw[];
-  float* const smem = reinterpret_cast<float*>(kStateWgmma ? align_shared<WyInterLayout::kAlign>(smem_raw) : smem_raw);
+  static_assert(!kStateWgmma || WyInterStateTiles::kThreads == WyInterConfig::kThreads, "four warpgroups");
+  extern __shared__ __align__(1024) char wy_inter_smem[];
+  float* const smem =
+      reinterpret_cast<float*>(kStateWgmma ? align_shared<WyInterLayout::kAlign>(wy_inter_smem) : wy_inter_smem);
   float* B0 = smem + L.b0;  // dO S^T, then Y_w = T^T dW, then dT
   float* B1 = smem + L.b1;  // delta dS^T, then dk_inter, then K_up, then Z = tril(dT) T^T
   float* B2 = smem + L.b2;  // d_delta S^T, then dW

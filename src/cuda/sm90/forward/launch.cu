@@ -54,7 +54,9 @@ FwdStateWgmmaParams wgmma_params(const Problem& p, const ForwardParams& params) 
 
 // F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
 // registers (fwd_state_wgmma), else the mma.sync pass. With ws.output_in_state_pass the wgmma pass
-// writes o (F5) and keeps the states on chip.
+// writes o (F5) and keeps the states on chip. At the common shape it always runs on wgmma: B3's
+// TF32 wgmma products (backward/wy_inter_state_wgmma.cuh) read its fp32 states and delta as
+// stored, rounded to TF32.
 template <Products kP, typename Dims>
 void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims>) {
