@@ -76,19 +76,20 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
   // Chunk j's rows start at token row first_row + j C of the maps' [B*T, HV, .] tensors; rows past
   // its end belong to the next sequence (or read as zero past the tensor): d_delta's columns there
   // are zeroed below, and so are W's, Q_up's and dO's rows, which the update would add.
-  auto token = [&](int64_t j) { return static_cast<int>(b.seq.first_row + j * C); };
   auto issue_delta = [&](int64_t j) {
     mbarrier_expect_bytes(delta_ready, L::kDeltaBytes);
-    for (int h = 0; h < 2; ++h) tma_load(smem + L::kd + h * kBox, params.k_down, delta_ready, 64 * h, b.head, token(j));
+    for (int h = 0; h < 2; ++h) {
+      tma_load(smem + L::kd + h * kBox, params.k_down, delta_ready, 64 * h, b.head, b.token(j));
+    }
     bulk_load(smem + L::g_last, f.ws.g_last + (b.first_state + j * f.HV) * K, 4 * K, delta_ready);
   };
   auto issue_update = [&](int64_t j) {
     mbarrier_expect_bytes(update_ready, L::kUpdateBytes);
     for (int h = 0; h < 2; ++h) {
-      tma_load(smem + L::w + h * kBox, params.w, update_ready, 64 * h, b.head, token(j));
-      tma_load(smem + L::qu + h * kBox, params.q_up, update_ready, 64 * h, b.head, token(j));
+      tma_load(smem + L::w + h * kBox, params.w, update_ready, 64 * h, b.head, b.token(j));
+      tma_load(smem + L::qu + h * kBox, params.q_up, update_ready, 64 * h, b.head, b.token(j));
     }
-    tma_load(smem + L::d_o, params.d_o, update_ready, b.e0, b.head, token(j));
+    tma_load(smem + L::d_o, params.d_o, update_ready, b.e0, b.head, b.token(j));
   };
   // The intra part of chunk j's d_delta^T into the accumulator's layout (value column v0 + r, chunk
   // row col); rows past the chunk's end are zero.

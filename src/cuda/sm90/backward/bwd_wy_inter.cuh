@@ -32,11 +32,12 @@ struct WyInterConfig {
   __host__ __device__ static constexpr int padded(int x) { return round_up<8>(x); }
 };
 
-// Whether this instance of B3 forms its products with the states on wgmma (wy_inter_state_products):
-// bf16 products (CommonDims comes with them only) and a bf16 dO at the common shape. The launch runs
-// it only where the backward's state pass ran on wgmma too (wy_inter_pass), else RuntimeDims's.
+// bf16 products (CommonDims comes with them only) and a bf16 dO at the common shape: the instances
+// of B2 and B3 that run on wgmma where backward_state_on_wgmma (backward/launch.cu) holds too (B3:
+// its products with the states, wy_inter_state_products), else B2's mma.sync pass and RuntimeDims's
+// B3.
 template <typename Dims, typename DoT>
-inline constexpr bool kWyInterStateWgmma = std::is_same_v<Dims, CommonDims> && std::is_same_v<DoT, __nv_bfloat16>;
+inline constexpr bool kBf16DoAtCommonShape = std::is_same_v<Dims, CommonDims> && std::is_same_v<DoT, __nv_bfloat16>;
 
 // fp32 shared memory, offsets in floats; row strides 4 (mod 32) keep the mma operand reads of
 // (row g, column t) free of bank conflicts, T's stride 8 (mod 32) its transposed reads.
@@ -90,7 +91,7 @@ template <Products kP, typename Dims, typename DoT>
 __global__ void __launch_bounds__(WyInterConfig::kThreads)
     bwd_wy_inter_kernel(const __grid_constant__ WyInterParams params) {
   constexpr int kTile = WyInterConfig::kTileV;
-  constexpr bool kStateWgmma = kWyInterStateWgmma<Dims, DoT>;
+  constexpr bool kStateWgmma = kBf16DoAtCommonShape<Dims, DoT>;
   const BackwardParams& p = params.p;
   const ForwardParams& f = p.fwd;
   const int64_t chunk = blockIdx.x;

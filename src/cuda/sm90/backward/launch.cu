@@ -91,7 +91,7 @@ bool backward_state_on_wgmma(const BackwardParams& params) {
 // B2: on wgmma where backward_state_on_wgmma says so, else the mma.sync pass.
 template <Products kP, typename Dims, typename DoT>
 void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
-  if constexpr (std::is_same_v<Dims, CommonDims> && sizeof(DoT) == 2) {
+  if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
     if (backward_state_on_wgmma(params)) {
       using L = BwdStateWgmmaLayout;
       prefer_max_shared(bwd_state_wgmma_kernel);
@@ -109,7 +109,7 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
 }
 
 // B3: its products with the states on wgmma where the forward's and the backward's state passes ran
-// on wgmma (kWyInterStateWgmma and backward_state_on_wgmma: they store their fp32 results rounded
+// on wgmma (kBf16DoAtCommonShape and backward_state_on_wgmma: they store their fp32 results rounded
 // to TF32, which those products read as they are), else all on mma.sync.
 template <Products kP, typename Dims, typename DoT>
 void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
@@ -117,7 +117,7 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
   WyInterParams args{};
   args.p = params;
-  if constexpr (kWyInterStateWgmma<Dims, DoT>) {
+  if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
     if (!backward_state_on_wgmma(params)) {
       return launch(bwd_wy_inter_kernel<kP, RuntimeDims, DoT>, per_chunk, WyInterConfig::kThreads,
                     WyInterLayout::bytes(C, K, V, false), s, args);
@@ -131,7 +131,7 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
     args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, tokens, C);
   }
   launch(bwd_wy_inter_kernel<kP, Dims, DoT>, per_chunk, WyInterConfig::kThreads,
-         WyInterLayout::bytes(C, K, V, kWyInterStateWgmma<Dims, DoT>), s, args);
+         WyInterLayout::bytes(C, K, V, kBf16DoAtCommonShape<Dims, DoT>), s, args);
 }
 
 }  // namespace

@@ -84,20 +84,21 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
   // Chunk j's rows start at token row first_row + j C of the maps' [B*T, HV, .] tensors; rows past
   // its end belong to the next sequence (or read as zero past the tensor): delta's columns there are
   // zeroed below, and so are K_down's rows; o's columns there are not stored.
-  auto token = [&](int64_t j) { return static_cast<int>(b.seq.first_row + j * C); };
   auto issue_values = [&](int64_t j) {
     mbarrier_expect_bytes(values_ready, L::kValueBytes);
     for (int h = 0; h < 2; ++h) {
-      tma_load(smem + L::w + h * kBox, params.w, values_ready, 64 * h, b.head, token(j));
-      tma_load(smem + L::u + h * kBox, params.u, values_ready, b.e0 + 32 * h, b.head, token(j));
-      if constexpr (kOutput) tma_load(smem + L::qu + h * kBox, params.q_up, values_ready, 64 * h, b.head, token(j));
+      tma_load(smem + L::w + h * kBox, params.w, values_ready, 64 * h, b.head, b.token(j));
+      tma_load(smem + L::u + h * kBox, params.u, values_ready, b.e0 + 32 * h, b.head, b.token(j));
+      if constexpr (kOutput) tma_load(smem + L::qu + h * kBox, params.q_up, values_ready, 64 * h, b.head, b.token(j));
     }
     bulk_load(smem + L::g_last, p.ws.g_last + (b.first_state + j * p.HV) * K, 4 * K, values_ready);
   };
   auto issue_update = [&](int64_t j) {
     mbarrier_expect_bytes(update_ready, L::kUpdateBytes);
-    for (int h = 0; h < 2; ++h) tma_load(smem + L::kd + h * kBox, params.k_down, update_ready, 64 * h, b.head, token(j));
-    if constexpr (kOutput) tma_load(smem + L::pm, params.P, update_ready, 0, b.head, token(j));
+    for (int h = 0; h < 2; ++h) {
+      tma_load(smem + L::kd + h * kBox, params.k_down, update_ready, 64 * h, b.head, b.token(j));
+    }
+    if constexpr (kOutput) tma_load(smem + L::pm, params.P, update_ready, 0, b.head, b.token(j));
   };
   // U^T of the chunk from its tile (value column v0 + r, chunk row col): under the 128-byte swizzle
   // a warp's reads hit 32 different banks.

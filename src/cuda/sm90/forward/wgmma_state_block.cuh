@@ -34,6 +34,10 @@ struct WgmmaStateBlock {
         first_state(seq.first_chunk * p.HV + head),
         row_stride(static_cast<int64_t>(p.HV) * kV) {}
 
+  // Chunk j's first token row in the [B*T, HV, .] tensors that the passes' tensor maps read (32-bit:
+  // check_supported bounds B*T).
+  __device__ int token(int64_t j) const { return static_cast<int>(seq.first_row + j * kC); }
+
   // The valid rows of chunk j.
   __device__ int rows_of(int64_t j) const {
     return static_cast<int>(min(static_cast<int64_t>(kC), seq.length - j * kC));
