@@ -131,6 +131,7 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
   params.k = p.k.bytes();
   params.v = p.v.bytes();
   params.beta = p.beta.bytes();
+  params.gate = gate_inputs(p);
   params.initial_state = p.initial_state.present() ? reinterpret_cast<const float*>(p.initial_state.bytes()) : nullptr;
   params.cu_seqlens = p.varlen ? p.cu_seqlens_device.bytes() : nullptr;
   params.ws = ws;

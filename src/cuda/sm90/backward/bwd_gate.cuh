@@ -34,10 +34,11 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
   const ChunkSpan c = chunk_span(f, chunk);
   const int head = blockIdx.y, K = f.K, l = static_cast<int>(c.rows);
   const int tid = threadIdx.x, nthreads = blockDim.x;
-  const bool in_kernel = p.gate != GateMode::kPrecomputed;
-  const GT* g_in = static_cast<const GT*>(p.g);
+  const GateInputs& gate = f.gate;
+  const bool in_kernel = gate.mode != GateMode::kPrecomputed;
+  const GT* g_in = static_cast<const GT*>(gate.g);
   GT* dg = static_cast<GT*>(p.dg);
-  const float rate = p.A_log ? expf(load_float(p.A_log, p.A_log_dtype, head)) : 1.f;
+  const float rate = gate.A_log ? expf(load_float(gate.A_log, gate.A_log_dtype, head)) : 1.f;
 
   // The chunk's rows, read below a batch at a time from the last: asked into L2 at once.
   const int64_t first = (c.first_row * f.HV + head) * K, stride = static_cast<int64_t>(f.HV) * K;
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
 
   double dA_log = 0.0;  // this thread's share of the chunk's dA_log partial
   for (int d = tid; d < K; d += nthreads) {
-    const float bias = p.dt_bias ? load_float(p.dt_bias, p.dt_bias_dtype, head * K + d) : 0.f;
+    const float bias = gate.dt_bias ? load_float(gate.dt_bias, gate.dt_bias_dtype, head * K + d) : 0.f;
     float da = 0.f;
     double ddt_bias = 0.0;
     // Rows from the last: da of row r is da of row r + 1 plus dgamma_r, the CPU's sum bit for bit.
@@ -69,12 +70,12 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
         float dx = da;
         if (in_kernel) {
           const float x = g[u] + bias;
-          if (p.gate == GateMode::kSoftplus) {
+          if (gate.mode == GateMode::kSoftplus) {
             dx = -da * rate * (x > 20.f ? 1.f : sigmoid(x));
             dA_log += static_cast<double>(da * (-rate * softplus(x)));  // da * a
           } else {
             const float sig = sigmoid(rate * x);
-            dx = da * p.lower_bound * sig * (1.f - sig) * rate;
+            dx = da * gate.lower_bound * sig * (1.f - sig) * rate;
             dA_log += static_cast<double>(dx * x);
           }
           ddt_bias += static_cast<double>(dx);

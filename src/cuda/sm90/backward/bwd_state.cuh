@@ -67,8 +67,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     cp_async_commit();
   };
   auto issue_update = [&](int64_t j) {
-    copy_rows_async(qu, ldm, reinterpret_cast<const Op*>(f.ws.q_up) + row_of(j) * f.ws.q_up_pitch,
-                    f.HV * f.ws.q_up_pitch, C, Kp, rows_of(j), K);
+    copy_rows_async(qu, ldm, reinterpret_cast<const Op*>(f.ws.q_up) + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(W, ldm, reinterpret_cast<const Op*>(f.ws.W) + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(g_last, Kp, f.ws.g_last + ((seq.first_chunk + j) * f.HV + head) * K, K, 1, Kp, 1, K);
     if constexpr (kDo16) {

@@ -35,7 +35,7 @@ namespace fkt::cuda {
 // the rows it reads, boxes of 64 tokens.
 struct BwdStateWgmmaParams {
   BackwardParams p;
-  CUtensorMap k_down, w, q_up;  // [B*T, HV, K] bf16 (Q_up's rows q_up_pitch apart)
+  CUtensorMap k_down, w, q_up;  // [B*T, HV, K] bf16
   CUtensorMap d_o;              // [B*T, HV, V] bf16
 };
 

@@ -33,13 +33,6 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
   params.d_o = d_o.bytes();
   params.d_o_dtype = d_o.dtype;
   params.d_final_state = static_cast<const float*>(data_or_null(io.d_final_state, "d_final_state"));
-  params.g = p.g.bytes();
-  params.A_log = p.A_log.present() ? p.A_log.bytes() : nullptr;
-  params.A_log_dtype = p.A_log.dtype;
-  params.dt_bias = p.dt_bias.present() ? p.dt_bias.bytes() : nullptr;
-  params.dt_bias_dtype = p.dt_bias.dtype;
-  params.gate = p.gate;
-  params.lower_bound = static_cast<float>(p.lower_bound);
   params.qk_in_intra = p.HV == p.H && !p.l2norm;
   params.dq = data_or_null(io.dq, "dq");
   params.dk = data_or_null(io.dk, "dk");
@@ -75,7 +68,7 @@ BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params)
   wgmma.p = params;
   wgmma.k_down = row_tensor_map(ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.w = row_tensor_map(ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  wgmma.q_up = row_tensor_map(ws.q_up, DType::kBF16, p.K, p.HV, ws.q_up_pitch, tokens, p.chunk);
+  wgmma.q_up = row_tensor_map(ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, tokens, p.chunk);
   return wgmma;
 }

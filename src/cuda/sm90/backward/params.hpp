@@ -50,13 +50,6 @@ struct BackwardParams {
   BackwardWorkspace ws;
   const void* d_o;             // [B, T, HV, V] contiguous, d_o_dtype
   const float* d_final_state;  // like the final state; may be nullptr
-  // Raw gate and its parameters, for B7 (A_log, dt_bias nullptr when absent or unused).
-  const void* g;               // [B, T, HV, K] contiguous; g and dg in the gate kernels' element type
-                               // (with_gate_element)
-  const void* A_log;           // [HV]
-  const void* dt_bias;         // [HV * K]
-  GateMode gate;
-  float lower_bound;
   // B4 writes dq and dk themselves: one value head per query/key head and no l2norm chain leave
   // nothing for B5 / B8's q, k half (bwd_prepare, then not launched).
   bool qk_in_intra;
@@ -69,7 +62,7 @@ struct BackwardParams {
   void* dA_log;                // [HV]
   void* ddt_bias;              // [HV * K]
   float* dh0;                  // like the initial state
-  DType d_o_dtype, A_log_dtype, dt_bias_dtype, dv_dtype, dbeta_dtype, dA_log_dtype, ddt_bias_dtype;
+  DType d_o_dtype, dv_dtype, dbeta_dtype, dA_log_dtype, ddt_bias_dtype;
 };
 
 }  // namespace fkt::cuda

@@ -1,8 +1,8 @@
-// F2 and F3 on CUDA, one block per (chunk, value head): P and A of the chunk, T = (I + A)^-1, then
-// W = T diag(beta) K_up, U = T diag(beta) V, K_down and Q_up. The chunk is cut into 16-row
-// sub-chunks (one tensor-core row tile): the 16 x 16 blocks of P and A use the reference-row
-// factorisation of kda-math.md 3.4 on tensor cores, T is inverted block by block, and U, W are
-// tensor-core products (common/mma.cuh).
+// F1 to F3 on CUDA, one block per (chunk, value head): gamma of the chunk (F1 in shared memory,
+// written out for the backward only), P and A, T = (I + A)^-1, then W = T diag(beta) K_up,
+// U = T diag(beta) V, K_down and Q_up. The chunk is cut into 16-row sub-chunks (one tensor-core row
+// tile): the 16 x 16 blocks of P and A use the reference-row factorisation of kda-math.md 3.4 on
+// tensor cores, T is inverted block by block, and U, W are tensor-core products (common/mma.cuh).
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -14,6 +14,7 @@
 #include "cuda/common/vec4.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
+#include "cuda/sm90/fwd_gate_cumsum/scan.cuh"
 
 namespace fkt::cuda {
 
@@ -46,12 +47,13 @@ struct IntraLayout {
     ldv = Vp + 8;
     ldg = Kp + 4;
     ldc = C + 4;
-    const int v_bytes = C * ldv * kIn, a_bytes = C * ldc * 4;
+    const int v_bytes = C * ldv * kIn, a_bytes = C * ldc * 4, g16_bytes = C * Kp * 2;
     q = 0;                                          // [C, ldk] q as given (l2 norm: scale_q)
     k = q + C * ldk * kIn;                          // [C, ldk] k as given (l2 norm: scale_k)
-    g = k + C * ldk * kIn;                          // [C, ldg] gamma * log2(e)
-    va = g + C * ldg * 4;                           // [C, ldc] A (strictly lower), then [C, ldv] v
-    T = va + (v_bytes > a_bytes ? v_bytes : a_bytes);  // [C, ldc] P (staged), then (I + A)^-1
+    g = k + C * ldk * kIn;                          // [C, ldg] a_t, then gamma * log2(e), then K_up
+    va = g + C * ldg * 4;  // [C, Kp] a 16-bit g as loaded, then [C, ldc] A (strictly lower), then [C, ldv] v
+    const int va_bytes = v_bytes > a_bytes ? v_bytes : a_bytes;
+    T = va + (va_bytes > g16_bytes ? va_bytes : g16_bytes);  // [C, ldc] P (staged), then (I + A)^-1
     Y = T + C * ldc * 4;                            // [C / 16 - 1, 16, 16] partial products of T
     beta = Y + (C / kSub - 1) * kSub * kSub * 4;    // [C]
     scale_q = beta + C * 4;                         // [C]
@@ -151,6 +153,39 @@ __device__ __forceinline__ void invert_below_diagonal(const float* A, float* T, 
   }
 }
 
+// The threads of F1's first pass (gate_rows): nthreads / Kp to a column (Kp <= 128 < nthreads),
+// thread t on column t % Kp when t < nthreads / Kp * Kp.
+__device__ __forceinline__ bool gates_a_column(int Kp) { return threadIdx.x < blockDim.x / Kp * Kp; }
+
+// F1's first pass in shared memory: x[r, d] = a_t, the gate of g[r, d], for the rows r < rows and
+// columns d < K of g ([C, ld_g] elements of G as loaded), and 0 for the other rows r < C and columns
+// d < Kp of x ([C, ld_x] fp32; x may be g). A thread that gates_a_column passes the gate of its
+// column, its rows in batches whose loads come before their stores: one shared-memory latency per
+// batch, not per element.
+template <typename G>
+__device__ __forceinline__ void gate_rows(const G* g, int ld_g, float* x, int ld_x, int C, int rows, int K, int Kp,
+                                          const ColumnGate& gate) {
+  constexpr int kBatch = GateCumsumConfig::kRowsInFlight;
+  const int per_column = blockDim.x / Kp, d = threadIdx.x % Kp;
+  if (!gates_a_column(Kp)) return;
+  gate.with_activation([&](auto activation) {
+    for (int r0 = threadIdx.x / Kp; r0 < C; r0 += kBatch * per_column) {
+      float a[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u * per_column;
+        a[u] = r < rows && d < K ? to_float(g[r * ld_g + d]) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u * per_column;
+        const float a_t = activation(a[u]);  // computed for every row: no branch around the SFU chain
+        if (r < C) x[r * ld_x + d] = r < rows && d < K ? a_t : 0.f;
+      }
+    }
+  });
+}
+
 template <Products kP, typename In, typename Dims>
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kMinBlocks)
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
@@ -166,7 +201,8 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   extern __shared__ __align__(16) char smem_bytes[];
   In* q = reinterpret_cast<In*>(smem_bytes + L.q);
   In* k = reinterpret_cast<In*>(smem_bytes + L.k);
-  float* g = reinterpret_cast<float*>(smem_bytes + L.g);
+  float* g = reinterpret_cast<float*>(smem_bytes + L.g);  // a_t (F1's gate), gamma * log2(e), then K_up
+  uint16_t* g16 = reinterpret_cast<uint16_t*>(smem_bytes + L.va);  // a 16-bit g's bits, until the gate reads them
   float* A = reinterpret_cast<float*>(smem_bytes + L.va);
   In* vs = reinterpret_cast<In*>(smem_bytes + L.va);  // once A is dead
   float* T = reinterpret_cast<float*>(smem_bytes + L.T);
@@ -185,7 +221,12 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
   const int64_t stride_v = static_cast<int64_t>(p.HV) * V, qk_first = (c.first_row * p.H + qk_head) * K;
-  copy_rows_async(g, ldg, p.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  const DType g_dtype = p.gate.g_dtype;
+  if (g_dtype == DType::kF32) {
+    copy_rows_async(g, ldg, static_cast<const float*>(p.gate.g) + row_at(0) * K, stride_k, C, Kp, l, K);
+  } else {
+    copy_rows16_async(g16, Kp, static_cast<const uint16_t*>(p.gate.g) + row_at(0) * K, stride_k, C, Kp, l, K);
+  }
   if constexpr (Config::kNarrow) {
     copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
@@ -202,18 +243,34 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
   }
-  for (int x = 4 * tid; x < C * ldc; x += 4 * nthreads) {
-    store4(A + x, float4{0.f, 0.f, 0.f, 0.f});
-    store4(T + x, float4{0.f, 0.f, 0.f, 0.f});
-  }
+  auto zero = [&](float* x) {
+    for (int i = 4 * tid; i < C * ldc; i += 4 * nthreads) store4(x + i, float4{0.f, 0.f, 0.f, 0.f});
+  };
+  zero(T);
+  // The gate of this thread's column in F1's first pass, loaded while the copies are in flight.
+  const ColumnGate gate = gates_a_column(Kp) ? column_gate(p.gate, head, head * K + min(tid % Kp, K - 1)) : ColumnGate{};
   cp_async_wait<0>();
   __syncthreads();
-  // gamma_L for the state passes, kept before Q_up may take gamma's rows (forward/workspace.hpp).
-  for (int d = tid; d < K; d += nthreads) {
-    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] = g[(l - 1) * ldg + d];
+  // F1 (kda-math.md 3.3), in two passes: the gate of every element into g's tile, then its cumsum.
+  if (g_dtype == DType::kBF16) {
+    gate_rows(reinterpret_cast<const __nv_bfloat16*>(g16), Kp, g, ldg, C, l, K, Kp, gate);
+  } else if (g_dtype == DType::kF16) {
+    gate_rows(reinterpret_cast<const __half*>(g16), Kp, g, ldg, C, l, K, Kp, gate);
+  } else {
+    gate_rows(g, ldg, g, ldg, C, l, K, Kp, gate);
   }
   __syncthreads();
-  to_log2_units(g, C, Kp, ldg);
+  zero(A);  // over the 16-bit g, now read
+  // gamma, the cumsum of each column in row order as F1 alone sums it: in log2 units in place, and as
+  // is for the backward's stages (gamma, and gamma_L for the state passes).
+  for (int d = tid; d < K; d += nthreads) {
+    float* gamma = p.ws.gamma != nullptr ? p.ws.gamma + row_at(0) * K + d : nullptr;
+    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] =
+        scan_column(g + d, l, ldg, [](float a) { return a; }, [&](int64_t r, float sum) {
+          g[r * ldg + d] = sum * kLog2e;
+          if (gamma != nullptr) gamma[r * stride_k] = sum;
+        });
+  }
   row_scales(q, l, C, K, ldk, p.l2norm, scale_q);
   row_scales(k, l, C, K, ldk, p.l2norm, scale_k);
   __syncthreads();
@@ -364,14 +421,13 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
   // Q_up = q_hat exp(gamma), K_down = k_hat exp(gamma_L - gamma), and K_up = k_hat exp(gamma) in place
   // of gamma, stored as an operand.
-  Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * p.ws.q_up_pitch;
+  Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
-  const int64_t stride_q = p.HV * p.ws.q_up_pitch;
   for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
     const float4 gr = load4(g + s), kr = k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
     if (r < l) {
-      store_first(q_up + r * stride_q + d, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
+      store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
       const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
                                load4(g_last + d), gr);
       store_first(k_down + at, down, K - d, vector);

@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };
 
   // Rows past the chunk's end, columns past K and past the tile are zero.
-  const int64_t stride_q = p.HV * p.ws.q_up_pitch, stride_v = static_cast<int64_t>(p.HV) * V;
-  copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * p.ws.q_up_pitch, stride_q, C, Kp, l, K);
+  const int64_t stride_q = static_cast<int64_t>(p.HV) * K, stride_v = static_cast<int64_t>(p.HV) * V;
+  copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * K, stride_q, C, Kp, l, K);
   copy_rows_async(h, kLdB, static_cast<const Stored*>(p.ws.states) + (chunk * p.HV + head) * K * V + e0, V, Kp, kTile,
                   K, width);
   copy_rows_async(P, ldp, static_cast<const Stored*>(p.ws.P) + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l,

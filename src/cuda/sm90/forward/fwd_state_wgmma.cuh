@@ -36,7 +36,7 @@ namespace fkt::cuda {
 struct FwdStateWgmmaParams {
   ForwardParams p;
   CUtensorMap w, k_down, u;  // W, K_down [B*T, HV, K] bf16; U [B*T, HV, V] fp32
-  CUtensorMap q_up, P;       // with F5 inside: Q_up [B*T, HV, K] (rows q_up_pitch apart), P [B*T, HV, C] bf16
+  CUtensorMap q_up, P;       // with F5 inside: Q_up [B*T, HV, K], P [B*T, HV, C] bf16
 };
 
 // Shared memory, byte offsets from a 1024-byte aligned base: TMA boxes of 64 rows x 128 bytes,

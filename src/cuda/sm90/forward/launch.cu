@@ -1,4 +1,5 @@
-// Host side of the CUDA forward: what it supports, its workspace, and the launches F1 to F5.
+// Host side of the CUDA forward: what it supports, its workspace, and the launches F1 to F5 (F1 runs
+// inside F2).
 // No allocation, no copy and no synchronisation: everything is enqueued on the caller's stream.
 #include <cstdint>
 
@@ -46,7 +47,7 @@ FwdStateWgmmaParams wgmma_params(const Problem& p, const ForwardParams& params) 
   wgmma.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
   if (params.ws.output_in_state_pass) {
-    wgmma.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, params.ws.q_up_pitch, tokens, p.chunk);
+    wgmma.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
     wgmma.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
   }
   return wgmma;
@@ -120,7 +121,6 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
   const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
   const unsigned heads = static_cast<unsigned>(p.HV);
   if (p.varlen) launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, s, params);
-  fwd_gate_cumsum(p, params.ws.gamma, stream);
   with_products(products, [&](auto kp) {
     with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
       using In = decltype(in);

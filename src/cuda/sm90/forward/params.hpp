@@ -5,6 +5,7 @@
 
 #include "core/problem.hpp"
 #include "cuda/sm90/forward/workspace.hpp"
+#include "cuda/sm90/fwd_gate_cumsum/params.hpp"
 
 namespace fkt::cuda {
 
@@ -13,6 +14,7 @@ struct ForwardParams {
   const void* k;              // [B, T, H, K] contiguous, qk_dtype
   const void* v;              // [B, T, HV, V] contiguous, v_dtype
   const void* beta;           // [B, T, HV] contiguous, beta_dtype (raw logits with BetaMode::kSigmoid*)
+  GateInputs gate;            // g and its parameters: F1 inside F2, and B7
   const float* initial_state; // [N, HV, K, V] ([N, HV, V, K] if state_v_first); may be nullptr
   const void* cu_seqlens;     // [N + 1] device offsets in offsets_dtype; nullptr when dense
   void* o;                    // [B, T, HV, V] contiguous, o_dtype

@@ -11,21 +11,19 @@
 namespace fkt::cuda {
 
 struct ForwardWorkspace {
-  float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay (F1)
+  float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay, which F2 computes (F1) in
+                           // shared memory and writes here for the backward's stages; nullptr in the
+                           // forward's own layout
   // P and the states hold elements of p_states_dtype: bf16 in the forward's own layout for bf16
   // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly, or as bf16
   // wgmma operands inside F4), else fp32 (the backward's layout: B1 to B3 read them as fp32).
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
-  // sized for the backward's dq (fp32) when the backward reads this layout. In the forward's own
-  // layout with bf16 operands Q_up lives in the first half of gamma's rows (q_up_pitch = 2K): each
-  // block of F2 writes only the rows it has read, and nothing reads gamma after F2 there (F4 takes
-  // gamma_L from g_last).
+  // sized for the backward's dq (fp32) when the backward reads this layout.
   void* W;                 // [B*T, HV, K] (F3)
   void* k_down;            // [B*T, HV, K] (F3)
-  void* q_up;              // [B*T, HV, K] (F3), rows q_up_pitch elements apart
-  int64_t q_up_pitch;
+  void* q_up;              // [B*T, HV, K] (F3)
   float* g_last;           // [chunks, HV, K] gamma of each chunk's last row (F2), read by F4 and B2
   float* U;                // [B*T, HV, V] (F3)
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
@@ -52,12 +50,12 @@ struct ForwardWorkspace {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: P and the states in
-    // bf16, Q_up in gamma's rows.
+    // bf16.
     const bool compact = !for_backward && operand_bytes == 2;
     w.output_in_state_pass = compact && CommonDims::matches(p);
     w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
     const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
-    w.gamma = m.take<float>(rows * p.K);
+    w.gamma = for_backward ? m.take<float>(rows * p.K) : nullptr;
     w.P = m.take<char>(rows * p.chunk * p_states_bytes);
     // K_down's start, aligned as every carved array's.
     const auto operand = static_cast<int64_t>(Carver::aligned(static_cast<size_t>(rows * p.K * operand_bytes)));
@@ -65,8 +63,7 @@ struct ForwardWorkspace {
     w.W = w_kd;
     w.k_down = w_kd + operand;
     const int64_t q_up_bytes = for_backward ? static_cast<int64_t>(sizeof(float)) : operand_bytes;
-    w.q_up = compact ? static_cast<void*>(w.gamma) : m.take<char>(rows * p.K * q_up_bytes);
-    w.q_up_pitch = compact ? 2 * p.K : p.K;
+    w.q_up = m.take<char>(rows * p.K * q_up_bytes);
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
     w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * p_states_bytes);

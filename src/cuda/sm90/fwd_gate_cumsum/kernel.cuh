@@ -1,29 +1,13 @@
-// F1 on CUDA: gate activation (kda-math.md section 2.2) and the chunk-local inclusive cumsum
-// (section 3.3), written as gamma in natural log. Chunks restart at every sequence start (section 5).
+// F1 alone on CUDA, for the stage hook fkt_stage_gate_cumsum: gate activation (kda-math.md section
+// 2.2) and the chunk-local inclusive cumsum (section 3.3), written as gamma in natural log. Chunks
+// restart at every sequence start (section 5). The run path runs the same arithmetic (scan.cuh)
+// inside F2, on the chunk that fwd_intra holds in shared memory.
 #pragma once
 
-#include "cuda/common/activation.cuh"
-#include "cuda/common/convert.cuh"
 #include "cuda/common/tile_copy.cuh"
-#include "cuda/sm90/fwd_gate_cumsum/config.hpp"
-#include "cuda/sm90/fwd_gate_cumsum/params.hpp"
+#include "cuda/sm90/fwd_gate_cumsum/scan.cuh"
 
 namespace fkt::cuda {
-
-// The part of a_t = activation(g_t) that is fixed for one column (value head, d).
-struct ColumnGate {
-  GateMode mode;
-  float bias;   // dt_bias[head, d]; 0 when absent
-  float rate;   // exp(A_log[head]); 1 when absent
-  float lower;  // lambda of the bounded sigmoid
-
-  __device__ __forceinline__ float operator()(float g) const {
-    if (mode == GateMode::kPrecomputed) return g;
-    const float x = g + bias;
-    if (mode == GateMode::kSoftplus) return -rate * softplus(x);
-    return lower * sigmoid(rate * x);
-  }
-};
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -43,28 +27,15 @@ __device__ __forceinline__ int64_t sequence_of(const Offset* cu_seqlens, int64_t
 // One column of one chunk: `rows` token rows from `first_row` (rows of all batch rows are
 // consecutive, `columns` elements apart); g and gamma already point at the column.
 template <typename GT>
-__device__ __forceinline__ void scan_chunk(const GT* __restrict__ g, float* __restrict__ gamma, int64_t first_row,
-                                           int64_t rows, int32_t columns, const ColumnGate& gate) {
-  constexpr int kBatch = GateCumsumConfig::kRowsInFlight;
+__device__ __forceinline__ void scan_chunk(const GT* g, float* gamma, int64_t first_row, int64_t rows, int32_t columns,
+                                           const ColumnGate& gate) {
   const GT* src = g + first_row * columns;
-  float* dst = gamma + first_row * columns;
-  float sum = 0.f;
-  // The batches below wait on their loads one after another: L2 fetches all the rows first.
+  // scan_column's batches wait on their loads one after another: L2 fetches all the rows first.
   for (int64_t r = 0; r < rows; ++r) prefetch_l2(src + r * columns);
-  for (int64_t r0 = 0; r0 < rows; r0 += kBatch) {
-    // All loads of a batch are issued before the first use: the gate's branches would otherwise
-    // keep the compiler from overlapping one row's load with the previous row's math.
-    float x[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) x[u] = r0 + u < rows ? to_float(src[(r0 + u) * columns]) : 0.f;
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      if (r0 + u < rows) {
-        sum += gate(x[u]);
-        dst[(r0 + u) * columns] = sum;
-      }
-    }
-  }
+  float* dst = gamma + first_row * columns;
+  gate.with_activation([&](auto activation) {
+    scan_column(src, rows, columns, activation, [&](int64_t r, float sum) { dst[r * columns] = sum; });
+  });
 }
 
 // Grid: x = chunk (dense: batch row * chunks_per_row + chunk; varlen: a window of C tokens),
@@ -74,12 +45,8 @@ __global__ void __launch_bounds__(GateCumsumConfig::kThreads)
     fwd_gate_cumsum_kernel(const __grid_constant__ GateCumsumParams params) {
   const int32_t column = blockIdx.y * GateCumsumConfig::kThreads + threadIdx.x;
   if (column >= params.columns) return;
-  const int32_t head = column / params.K;
-  const ColumnGate gate{params.gate,
-                        params.dt_bias ? load_float(params.dt_bias, params.dt_bias_dtype, column) : 0.f,
-                        params.A_log ? expf(load_float(params.A_log, params.A_log_dtype, head)) : 1.f,
-                        params.lower_bound};
-  const GT* g = static_cast<const GT*>(params.g) + column;
+  const ColumnGate gate = column_gate(params.gate, column / params.K, column);
+  const GT* g = static_cast<const GT*>(params.gate.g) + column;
   float* gamma = params.gamma + column;
   const int64_t C = params.chunk;
 

@@ -1,4 +1,4 @@
-// Host side of F1 on CUDA: checks what the kernel supports, fills its params and launches it.
+// Host side of F1 alone on CUDA (the stage hook's): checks what the kernel supports, fills its params and launches it.
 // No allocation, no copy and no synchronisation: sequence offsets are read on the device.
 #include <cstdint>
 
@@ -39,16 +39,9 @@ void fwd_gate_cumsum(const Problem& p, float* gamma, void* stream) {
 
   const TensorRef& offsets = p.cu_seqlens_device;
   GateCumsumParams params{};
-  params.g = p.g.bytes();
-  // make_problem leaves A_log and dt_bias absent unless the gate is activated in the kernel.
-  params.A_log = p.A_log.present() ? p.A_log.bytes() : nullptr;
-  params.dt_bias = p.dt_bias.present() ? p.dt_bias.bytes() : nullptr;
+  params.gate = gate_inputs(p);
   params.cu_seqlens = p.varlen ? offsets.bytes() : nullptr;
   params.gamma = gamma;
-  params.A_log_dtype = p.A_log.dtype;
-  params.dt_bias_dtype = p.dt_bias.dtype;
-  params.gate = p.gate;
-  params.lower_bound = static_cast<float>(p.lower_bound);
   params.T = p.T;
   params.N = p.N;
   params.chunks_per_row = chunks_per_row;
