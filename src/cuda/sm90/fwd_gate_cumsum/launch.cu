@@ -1,4 +1,5 @@
-// Host side of F1 alone on CUDA (the stage hook's): checks what the kernel supports, fills its params and launches it.
+// Host side of F1 alone on CUDA (the stage hook's): checks what the kernel supports, fills its
+// params and launches it.
 // No allocation, no copy and no synchronisation: sequence offsets are read on the device.
 #include <cstdint>
 
