@@ -68,14 +68,28 @@ class Inputs(NamedTuple):
     cu_seqlens_cpu: Any = None
 
 
+class Prepared(NamedTuple):
+    """What a backward takes over from its forward's call when its inputs are described the same
+    (they are, unless a saved-tensor hook or a copy gave other tensors): the inputs' descriptions,
+    the options and the plan. It references no tensor. Saves the backward describing and planning
+    again on the autograd thread, before its first launch."""
+
+    config: Config
+    described: Block
+    options: _lib.Options
+    sizes: _lib.Sizes
+
+
 class ForwardResult(NamedTuple):
     """What the forward returns. ``saved`` is the workspace the backward reads instead of
-    recomputing (``disable_recompute`` on the CUDA backend), None otherwise."""
+    recomputing (``disable_recompute`` on the CUDA backend), None otherwise; ``prepared`` goes to
+    the backward of the same inputs."""
 
     o: Any
     final_state: Optional[Any]
     intermediate_states: Optional[Any]
     saved: Optional[Any]
+    prepared: Prepared
 
 
 class Grads(NamedTuple):
@@ -109,8 +123,14 @@ class Framework:
         """An uninitialised tensor of ``shape`` and ``dtype`` on ``like``'s device."""
         raise NotImplementedError
 
+    def empty_like(self, t, dtype: Optional[str] = None):
+        """An uninitialised contiguous tensor of ``t``'s shape and device, of ``dtype`` (``t``'s
+        by default)."""
+        return self.empty(tuple(self.shape(t)), dtype or self.dtype(t), t)
+
     def stream(self, like):
-        """The stream to launch on for ``like``'s device (a ctypes.c_void_p), or None on the CPU."""
+        """The stream to launch on for ``like``'s device (its address: an int or a ctypes.c_void_p),
+        or None on the CPU."""
         raise NotImplementedError
 
     def on_host(self, t) -> bool:
@@ -153,24 +173,48 @@ def _describe(fw: Framework, t, name: str):
         raise ValueError(f"{name}: {e}") from None
 
 
+def _describes(fw: Framework, block: Block, tensors: Sequence[Any]) -> bool:
+    """Whether ``block`` holds the descriptions of ``tensors`` as they are now."""
+    describe = fw.describe
+    return all(f is None if t is None else f is not None and describe(t) == f for t, f in zip(tensors, block.fields))
+
+
 def describe_all(fw: Framework, names: Sequence[str], tensors: Sequence[Any]) -> Block:
     """The tensors (None where absent) described in one block, in the order of ``names``."""
-    return Block([_describe(fw, t, name) for name, t in zip(names, tensors)])
+    describe = fw.describe
+    try:
+        return Block([None if t is None else describe(t) for t in tensors])
+    except ValueError:
+        for name, t in zip(names, tensors):
+            _describe(fw, t, name)  # raises again, naming the argument
+        raise
 
 
 class Call:
-    """Described inputs and options of one library call (``described.address`` is its fkt_inputs)."""
+    """Described inputs and options of one library call (``described.address`` is its fkt_inputs),
+    taken over from ``prepared`` when it describes the same inputs with the same options."""
 
-    def __init__(self, fw: Framework, cfg: Config, inputs: Inputs):
+    def __init__(self, fw: Framework, cfg: Config, inputs: Inputs, prepared: Optional[Prepared] = None):
         self.fw = fw
+        self.cfg = cfg
         self.inputs = inputs
+        if prepared is not None and prepared.config == cfg and _describes(fw, prepared.described, inputs):
+            self.options, self.described, self._sizes = prepared.options, prepared.described, prepared.sizes
+            return
         self.options = cfg.options()
         self.described = describe_all(fw, _lib.INPUT_NAMES, inputs)
+        self._sizes = None
 
     def sizes(self) -> _lib.Sizes:
-        sizes = _lib.Sizes()
-        _lib.check(_lib.lib.fkt_plan_sizes(self.described.address, ctypes.byref(self.options), ctypes.byref(sizes)))
-        return sizes
+        if self._sizes is None:
+            sizes = _lib.Sizes()
+            _lib.check(_lib.lib.fkt_plan_sizes(self.described.address, ctypes.byref(self.options),
+                                               ctypes.byref(sizes)))
+            self._sizes = sizes
+        return self._sizes
+
+    def prepared(self) -> Prepared:
+        return Prepared(self.cfg, self.described, self.options, self.sizes())
 
     def buffer(self, nbytes: int):
         return self.fw.empty((nbytes,), "uint8", self.inputs.q) if nbytes else None
@@ -196,7 +240,7 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
     sizes = call.sizes()
     q, v = inputs.q, inputs.v
     q_dtype = fw.dtype(q)
-    o = fw.empty(tuple(fw.shape(v)), q_dtype, q)
+    o = fw.empty_like(v, q_dtype)
     final_state = (
         fw.empty(state_shape(fw, cfg, inputs, sizes.num_sequences), state_dtype(fw, q), q)
         if output_final_state
@@ -211,13 +255,13 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
     outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace))
     _lib.check(_lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream()))
     if not sizes.backward_reads_forward_workspace:
-        return ForwardResult(o, final_state, h, None)
+        return ForwardResult(o, final_state, h, None, call.prepared())
     _USED_WORKSPACES.discard(outs.fields[-1].data)
-    return ForwardResult(o, final_state, h, workspace)
+    return ForwardResult(o, final_state, h, workspace, call.prepared())
 
 
 def _like(fw: Framework, t, dtype: Optional[str] = None):
-    return fw.empty(tuple(fw.shape(t)), dtype or fw.dtype(t), t) if t is not None else None
+    return fw.empty_like(t, dtype) if t is not None else None
 
 
 def _grads(fw: Framework, cfg: Config, inputs: Inputs, dtype: Optional[str] = None) -> Grads:
@@ -244,10 +288,12 @@ WORKSPACE_USED = ("disable_recompute=True: a backward already ran on this forwar
                   "to run several (for example with retain_graph=True)")
 
 
-def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None) -> Grads:
+def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None,
+             prepared: Optional[Prepared] = None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved`` is the
-    forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it; once)."""
-    call = Call(fw, cfg, inputs)
+    forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it; once),
+    ``prepared`` its ``ForwardResult.prepared`` (or None)."""
+    call = Call(fw, cfg, inputs, prepared)
     sizes = call.sizes()
     if sizes.backward_reads_forward_workspace:
         if saved is None:

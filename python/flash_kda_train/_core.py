@@ -7,33 +7,42 @@ every computation happens in libflash_kda_train.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Optional
 
 import torch
 
 from . import _abi
-from ._abi import Config, ForwardResult, Grads, Inputs  # noqa: F401  (re-exported: the torch layer's names)
+from ._abi import Config, ForwardResult, Grads, Inputs, Prepared  # noqa: F401  (re-exported: the torch layer's names)
 from ._tensors import describe_torch
 
 
+_DTYPE_NAMES = {}  # torch.dtype -> its name without "torch."
+
+
 class _Torch(_abi.Framework):
-    def describe(self, t):
-        return describe_torch(t)
+    describe = staticmethod(describe_torch)
 
     def shape(self, t):
         return tuple(t.shape)
 
     def dtype(self, t) -> str:
-        return str(t.dtype).replace("torch.", "")
+        name = _DTYPE_NAMES.get(t.dtype)
+        if name is None:
+            name = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
+        return name
 
+    # The quickest torch calls for these on the host (half the time of torch.empty with a device).
     def empty(self, shape, dtype: str, like):
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+        return like.new_empty(shape, dtype=getattr(torch, dtype))
+
+    def empty_like(self, t, dtype=None):
+        return torch.empty_like(t, dtype=getattr(torch, dtype) if dtype else None,
+                                memory_format=torch.contiguous_format)
 
     def stream(self, like):
-        if like.device.type == "cuda":
-            return ctypes.c_void_p(torch.cuda.current_stream(like.device).cuda_stream)
-        return None
+        # The raw handle, as Triton reads it: torch.cuda.current_stream builds a Stream object (a few
+        # microseconds before every launch).
+        return torch._C._cuda_getCurrentRawStream(like.get_device()) if like.is_cuda else None
 
     def on_host(self, t) -> bool:
         return t.device.type == "cpu"
@@ -71,10 +80,11 @@ def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_interm
 
 
 def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor],
-             saved: Optional[torch.Tensor] = None) -> Grads:
+             saved: Optional[torch.Tensor] = None, prepared: Optional[Prepared] = None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved``: the
-    workspace a ``disable_recompute`` forward kept (``forward(...).saved``), else None."""
-    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved)
+    workspace a ``disable_recompute`` forward kept (``forward(...).saved``), else None;
+    ``prepared``: ``forward(...).prepared``, or None."""
+    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved, prepared)
 
 
 def gold_forward(cfg: Config, inputs: Inputs, output_final_state: bool = True):

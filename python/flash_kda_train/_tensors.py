@@ -57,22 +57,21 @@ class Fields(NamedTuple):
 # fkt_tensor: data, device {type, id}, ndim, dtype {code, bits, lanes}, shape, strides, byte_offset;
 # its shape and stride arrays follow it (one cell each for a 0-d tensor).
 _TENSOR_FORMAT, _TENSOR_BYTES = "QiiiBBHQQQ", 48
-_LAYOUTS = {}  # the tensors' ndims (None where absent) -> (bytes, Struct, each tensor's offset or None)
+_LAYOUTS = {}  # the tensors' ndims (None where absent) -> (buffer type, Struct, each tensor's offset or 0)
+_NO_CELLS = (0,)  # the one shape and stride cell of a 0-d tensor
 
 
 def _layout(ndims: Tuple[Optional[int], ...]):
-    layout = _LAYOUTS.get(ndims)
-    if layout is None:
-        formats, at, offsets = ["=", f"{len(ndims)}Q"], 8 * len(ndims), []
-        for ndim in ndims:
-            offsets.append(None if ndim is None else at)
-            if ndim is not None:
-                cells = max(ndim, 1)
-                formats.append(f"{_TENSOR_FORMAT}{2 * cells}q")
-                at += _TENSOR_BYTES + 16 * cells
-        packer = struct.Struct("".join(formats))
-        assert packer.size == at
-        layout = _LAYOUTS[ndims] = (at, packer, tuple(offsets))
+    formats, at, offsets = ["=", f"{len(ndims)}Q"], 8 * len(ndims), []
+    for ndim in ndims:
+        offsets.append(0 if ndim is None else at)  # 0 is the table's own offset: never a tensor's
+        if ndim is not None:
+            cells = max(ndim, 1)
+            formats.append(f"{_TENSOR_FORMAT}{2 * cells}q")
+            at += _TENSOR_BYTES + 16 * cells
+    packer = struct.Struct("".join(formats))
+    assert packer.size == at
+    layout = _LAYOUTS[ndims] = (ctypes.c_char * at, packer, tuple(offsets))
     return layout
 
 
@@ -80,25 +79,27 @@ class Block:
     """fkt_tensor descriptions of several tensors (None where absent) in one buffer, led by the table
     of their addresses (NULL where absent): the layout of the ABI's fkt_inputs,
     fkt_forward_outputs and fkt_backward_io, so ``address`` is such a struct's pointer. One
-    ``struct`` call packs it all."""
+    ``struct`` call packs it all; the GPU waits for this before a call's first kernel, hence the
+    plain loops."""
 
     __slots__ = ("_buffer", "address", "_at", "fields")
 
     def __init__(self, fields: Sequence[Optional[Fields]]):
-        size, packer, offsets = _layout(tuple(None if f is None else len(f.shape) for f in fields))
-        self._buffer = ctypes.create_string_buffer(size)
+        ndims = tuple([None if f is None else len(f[5]) for f in fields])
+        buffer_type, packer, offsets = _LAYOUTS.get(ndims) or _layout(ndims)
+        self._buffer = buffer_type()
         base = self.address = ctypes.addressof(self._buffer)
         self.fields = fields
-        self._at = [0 if at is None else base + at for at in offsets]
-        values = list(self._at)
+        self._at = [base + at if at else 0 for at in offsets]
+        values = self._at[:]
         for f, at in zip(fields, self._at):
             if f is not None:
-                ndim = len(f.shape)
-                shape_at = at + _TENSOR_BYTES
-                values += (f.data, f.device_type, f.device_id, ndim, f.code, f.bits, 1, shape_at,
-                           shape_at + 8 * max(ndim, 1), 0)
-                values += f.shape or (0,)
-                values += f.strides or (0,)
+                data, device_type, device_id, code, bits, shape, strides = f
+                ndim = len(shape)
+                at += _TENSOR_BYTES
+                values += (data, device_type, device_id, ndim, code, bits, 1, at, at + 8 * (ndim or 1), 0)
+                values += shape or _NO_CELLS
+                values += strides or _NO_CELLS
         packer.pack_into(self._buffer, 0, *values)
 
     def tensor(self, i: int) -> Optional[int]:
@@ -107,21 +108,24 @@ class Block:
 
 
 _TORCH_CODES = {}  # torch.dtype -> (DLPack type code, bits)
+_new_tuple = tuple.__new__
 
 
 def describe_torch(t) -> Fields:
     """Describes a torch tensor (any strides) for the C ABI."""
-    codes = _TORCH_CODES.get(t.dtype)
+    dtype = t.dtype
+    codes = _TORCH_CODES.get(dtype)
     if codes is None:
-        name = str(t.dtype).replace("torch.", "")
-        codes = _TORCH_CODES[t.dtype] = _codes(name, t.dtype.is_floating_point, t.element_size())
+        codes = _TORCH_CODES[dtype] = _codes(str(dtype).replace("torch.", ""), dtype.is_floating_point,
+                                             t.element_size())
     if t.is_cuda:
         device_type, device_id = _lib.DEVICE_CUDA, t.get_device()
     elif t.is_cpu:
         device_type, device_id = _lib.DEVICE_CPU, 0
     else:
         raise ValueError(f"expected a CPU or CUDA tensor, got one on {t.device}")
-    return Fields(t.data_ptr(), device_type, device_id, codes[0], codes[1], tuple(t.shape), t.stride())
+    # tuple.__new__ skips the named tuple's Python-level constructor; torch.Size is a tuple.
+    return _new_tuple(Fields, (t.data_ptr(), device_type, device_id, codes[0], codes[1], t.shape, t.stride()))
 
 
 def describe_paddle(t) -> Fields:

@@ -102,7 +102,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        o, final_state, h, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True)
+        o, final_state, h, _, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True)
         return o, final_state, h
     return _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state)
 
@@ -139,6 +139,7 @@ class Context:
     inputs: _core.Inputs
     output_final_state: bool
     saved: Optional[torch.Tensor]
+    prepared: _core.Prepared  # the forward's descriptions and plan, taken over by the backward
     versions: tuple  # each input's version counter at the forward (None for absent inputs)
 
 
@@ -159,8 +160,8 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     with torch.no_grad():
         inputs = _core.Inputs(*(t.detach() if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
-        o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
-    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved, _versions(inputs))
+        o, final_state, _, saved, prepared = _core.forward(cfg, inputs, output_final_state)
+    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved, prepared, _versions(inputs))
 
 
 def _versions(inputs: _core.Inputs) -> tuple:
@@ -180,4 +181,4 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     _abi.check_unmodified(context.inputs, context.versions, _versions(context.inputs))
     with torch.no_grad():
         return _core.backward(context.config, context.inputs, do.detach(),
-                              dht.detach() if dht is not None else None, context.saved)
+                              dht.detach() if dht is not None else None, context.saved, context.prepared)

@@ -35,17 +35,20 @@ def _saved_or_empty(saved: Optional[Tensor], q: Tensor) -> Tensor:
     return saved if saved is not None else q.new_empty(0, dtype=torch.uint8)
 
 
+def _final_state_or_empty(final_state: Optional[Tensor], q: Tensor) -> Tensor:
+    return final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q))
+
+
 def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
              dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
              cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
              flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     """(o, final state or empty, the workspace the backward reads or empty: disable_recompute on CUDA).
-    The body of the custom op chunk_kda_fwd, called directly by EagerChunkKda."""
+    The body of the custom op chunk_kda_fwd."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-    o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
-    return (o, final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q)),
-            _saved_or_empty(saved, q))
+    o, final_state, _, saved, _ = _core.forward(cfg, inputs, output_final_state)
+    return o, _final_state_or_empty(final_state, q), _saved_or_empty(saved, q)
 
 
 chunk_kda_fwd = torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", _forward, mutates_args=())
@@ -73,8 +76,7 @@ def _backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log
                  cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], saved: Tensor,
                  scale: float, lower_bound: Optional[float], chunk_size: int, flags: List[bool],
                  backend: str) -> List[Tensor]:
-    """Every gradient (empty for absent inputs): the body of the custom op chunk_kda_bwd, called
-    directly by EagerChunkKda."""
+    """Every gradient (empty for absent inputs): the body of the custom op chunk_kda_bwd."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     grads = _core.backward(cfg, inputs, d_o, _absent(d_final_state), saved if saved.numel() else None)
@@ -126,15 +128,23 @@ class EagerChunkKda(torch.autograd.Function):
     """chunk_kda_fwd with its autograd, outside torch.compile: the same forward, saved tensors and
     backward as the custom op, without the op's per-call dispatch (torch re-reads the 16-argument
     schema to fill defaults before setup_context: about 85 us per forward call on a 2-core VM, about
-    as much as the rest of the call's Python). Returns (o, final state or empty)."""
+    as much as the rest of the call's Python), and with the forward's descriptions and plan handed
+    to the backward (``_core.Prepared``). Takes chunk_kda_fwd's arguments; returns (o, final state
+    or empty)."""
 
     @staticmethod
     def forward(ctx, *args):
-        output = _forward(*args)
-        _setup_context(ctx, args, output)
-        return output[0], output[1]
+        q, cfg, inputs = args[0], _config(*args[10:14], args[15]), _core.Inputs(*args[:10])
+        o, final_state, _, saved, ctx.prepared = _core.forward(cfg, inputs, output_final_state=args[14])
+        ctx.save_for_backward(*inputs, saved)
+        ctx.cfg = cfg
+        return o, _final_state_or_empty(final_state, q)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o, d_final_state):
-        return _gradients(ctx, d_o, d_final_state, _backward_op)
+        *inputs, saved = ctx.saved_tensors
+        grads = _core.backward(ctx.cfg, _core.Inputs(*inputs), d_o, _absent(d_final_state), saved, ctx.prepared)
+        # One gradient per input of chunk_kda_fwd: q, k, v, g, beta, A_log, dt_bias, initial_state, then
+        # None for cu_seqlens, cu_seqlens_cpu and the six options.
+        return tuple(grads) + (None,) * 8

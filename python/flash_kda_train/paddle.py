@@ -69,7 +69,7 @@ class _ChunkKDA(PyLayer):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg,
                 output_final_state):
         inputs = _abi.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        o, final_state, _, saved = _abi.forward(PADDLE, cfg, inputs, output_final_state)
+        o, final_state, _, saved, ctx.prepared = _abi.forward(PADDLE, cfg, inputs, output_final_state)
         ctx.save_for_backward(*inputs)
         ctx.saved = saved  # the forward's workspace when the backward reads it (disable_recompute on CUDA)
         # Paddle wants None (not a tensor) for every input that does not require a gradient.
@@ -87,7 +87,8 @@ class _ChunkKDA(PyLayer):
         if d_o is None:
             d_o = paddle.zeros_like(inputs.v, dtype=inputs.q.dtype)
         d_final_state = grad_outputs[1] if ctx.output_final_state and len(grad_outputs) > 1 else None
-        grads = _abi.backward(PADDLE, ctx.cfg, inputs, _contiguous(d_o), _contiguous(d_final_state), ctx.saved)
+        grads = _abi.backward(PADDLE, ctx.cfg, inputs, _contiguous(d_o), _contiguous(d_final_state), ctx.saved,
+                              ctx.prepared)
         by_input = dict(q=grads.dq, k=grads.dk, v=grads.dv, g=grads.dg, beta=grads.dbeta, A_log=grads.dA_log,
                         dt_bias=grads.ddt_bias, initial_state=grads.dh0)
         # PyLayer wants one gradient (or None) per tensor input, absent inputs skipped.
@@ -129,8 +130,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             raise ValueError("return_intermediate_states: only available with gradients disabled (paddle.no_grad())")
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
-        o, final_state, h, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
-                                            return_intermediate_states=True)
+        o, final_state, h, _, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
+                                               return_intermediate_states=True)
         return o, final_state, h
     o, final_state = _ChunkKDA.apply(*tensors, cfg, bool(output_final_state))
     return o, (final_state if output_final_state else None)
@@ -151,8 +152,8 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     with paddle.no_grad():
         inputs = _abi.Inputs(*(_contiguous(t.detach()) if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
-        o, final_state, _, saved = _abi.forward(PADDLE, cfg, inputs, output_final_state)
-    return o, final_state, (cfg, inputs, saved, _versions(inputs))
+        o, final_state, _, saved, prepared = _abi.forward(PADDLE, cfg, inputs, output_final_state)
+    return o, final_state, (cfg, inputs, saved, prepared, _versions(inputs))
 
 
 def _versions(inputs: _abi.Inputs) -> tuple:
@@ -165,8 +166,8 @@ def backward(context, do, dht=None) -> _abi.Grads:
     """Gradients of ``forward``'s inputs given ``do`` (and ``dht`` for the final state, or None):
     a ``Grads`` named tuple (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0; None where absent).
     Raises RuntimeError when an input was modified in place since ``forward``."""
-    cfg, inputs, saved, versions = context
+    cfg, inputs, saved, prepared, versions = context
     _abi.check_unmodified(inputs, versions, _versions(inputs))
     with paddle.no_grad():
         return _abi.backward(PADDLE, cfg, inputs, _contiguous(do.detach()),
-                             _contiguous(dht.detach()) if dht is not None else None, saved)
+                             _contiguous(dht.detach()) if dht is not None else None, saved, prepared)

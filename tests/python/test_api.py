@@ -63,6 +63,38 @@ def test_eager_function_matches_the_custom_op(device):
         assert torch.equal(eager, op)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_backward_plans_again_only_for_other_tensors(device, monkeypatch):
+    """The backward takes over the forward's descriptions and plan when its saved tensors are the
+    ones the forward described, and plans again when they are not (a saved-tensor hook that copies
+    them): the same gradients either way."""
+    import contextlib
+
+    from flash_kda_train import _lib
+
+    plans = []
+    plan = _lib.lib.fkt_plan_sizes
+    monkeypatch.setattr(_lib.lib, "fkt_plan_sizes", lambda *a: plans.append(a) or plan(*a))
+    x = make_inputs(HV=4, gate_in_kernel=True, requires_grad=False)
+    torch.manual_seed(1)
+    do, dht = torch.randn_like(x["v"]).to(device), torch.randn_like(x["initial_state"]).to(device)
+
+    def step(hooks):
+        leaves = {n: t.detach().to(device).requires_grad_() for n, t in x.items() if t is not None}
+        with hooks:
+            o, ht = fkt.chunk_kda(*args(leaves), initial_state=leaves["initial_state"], output_final_state=True,
+                                  use_gate_in_kernel=True, A_log=leaves["A_log"], dt_bias=leaves["dt_bias"])
+        plans.clear()
+        torch.autograd.backward([o, ht], [do, dht])
+        return [leaves[n].grad for n in sorted(leaves)], len(plans)
+
+    same, same_plans = step(contextlib.nullcontext())
+    copied, copied_plans = step(torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t))
+    assert (same_plans, copied_plans) == (0, 1)
+    for a, b in zip(same, copied):
+        assert torch.equal(a, b)
+
+
 def test_defaults_and_return_values_follow_fla():
     x = make_inputs(requires_grad=False, state=False)
     o, ht = fkt.chunk_kda(*args(x))
