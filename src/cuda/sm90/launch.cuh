@@ -102,6 +102,20 @@ void with_intra_storage(DType q_dtype, DType v_dtype, F f) {
   f(float{});
 }
 
+// How B4 keeps q and k in shared memory (BwdIntraConfig): as given when they are 16-bit (bfloat16,
+// which kTf32 comes with alone: products_for; float16), else fp32. Calls f(element) with a value of
+// that type.
+template <Products kP, typename F>
+void with_qk_storage(DType qk, F f) {
+  if constexpr (kP == Products::kTf32) {
+    f(__nv_bfloat16{});
+  } else if (qk == DType::kF16) {
+    f(__half{});
+  } else {
+    f(float{});
+  }
+}
+
 // How B1 and B3 keep dO in shared memory: bf16 as given for bf16 products and a bf16 gradient
 // (copied with cp.async, widened exactly where read), else widened to fp32 as loaded. Calls
 // f(element) with a value of that type.

@@ -3,7 +3,7 @@
 // (dq and dk stored as the final gradients when nothing is left for bwd_prepare: qk_in_intra).
 // Rows sum over their columns (dq_rows, dk_rows), columns over their rows (dk_cols); dgamma gets +
 // on the row side and - on the column side of every exp(gamma_r - gamma_i).
-// Each warp owns a 16-row sub-chunk x 32 columns of K. The terms between sub-chunks are
+// A task is a 16-row sub-chunk x 32 columns of K, one warp's. The terms between sub-chunks are
 // tensor-core products with a reference row between the two (kda-math.md 3.4; every factor
 // exp(later - earlier) <= 1): row side at the sub-chunk's first row, column side at its last. The
 // terms inside the sub-chunk keep the pairwise exponentials.
@@ -20,27 +20,58 @@
 
 namespace fkt::cuda {
 
+// Qk: how q and k sit in shared memory. 16-bit inputs keep their dtype there, exactly (q_hat and
+// k_hat are formed where read), which with dP and dA in one array lets two blocks of 256 threads
+// share an SM; fp32 inputs take the SM with one block of 512.
+template <typename Qk>
 struct BwdIntraConfig {
-  static constexpr int kThreads = 512;
+  static constexpr bool kNarrow = sizeof(Qk) == 2;
+  static constexpr int kThreads = kNarrow ? 256 : 512;
+  static constexpr int kMinBlocks = kNarrow ? 2 : 1;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kCols = 32;  // columns of K per warp
-  __host__ __device__ static int padded(int x) { return round_up<32>(x); }
-  // Row strides: 4 (mod 32) for q, k, gamma (read as (row t, column g) B fragments and by rows),
-  // 8 (mod 32) for dP, dA (read transposed as A fragments on the column side).
-  __host__ __device__ static int ld_k(int K) { return padded(K) + 4; }
-  __host__ __device__ static int ld_c(int C) { return C + 8; }
   static constexpr int kLdScratch = kCols + 4;
-  // fp32 shared memory: q_hat, k_hat, gamma * log2(e) [C, ld_k], dP and dA [C, ld_c], beta [C],
-  // dbeta parts [K / 32, C], a [16, kLdScratch] tile per warp.
-  static size_t smem_bytes(int C, int K, int) {
-    return sizeof(float) * (3 * C * ld_k(K) + 2 * C * ld_c(C) + C + padded(K) / kCols * C + kWarps * 16 * kLdScratch);
+  __host__ __device__ static int padded(int x) { return round_up<32>(x); }
+};
+
+// Shared memory, offsets in bytes. Row strides: 4 words (mod 32) for q, k and gamma (read as (row
+// t, column g) B fragments and by rows; a 16-bit row of Kp + 8 elements is 4 words (mod 32) when Kp
+// is a multiple of 64, and two lanes reading one word do not conflict), 8 (mod 32) for the dP / dA
+// array (read both ways as A fragments). That array holds dP on and below the diagonal and dA,
+// strictly lower, transposed above it, but for dA's 16 x 16 diagonal blocks, which the pairs inside
+// a sub-chunk read by rows: they keep their rows in an array of their own (read by columns, each
+// load took its own address and the registers spilled). dA is staged in the scratch tiles first,
+// free until the tasks.
+template <typename Qk>
+struct BwdIntraLayout {
+  int ldk, ldg, ldc;  // elements: q and k (Qk), gamma and the dP / dA array (fp32)
+  int q, k, g, pa, da, beta, scale_q, scale_k, part, scratch, bytes;
+
+  __host__ __device__ BwdIntraLayout(int C, int K) {
+    using Cfg = BwdIntraConfig<Qk>;
+    constexpr int kQk = sizeof(Qk);
+    const int Kp = Cfg::padded(K);
+    ldk = Kp + (kQk == 2 ? 8 : 4);
+    ldg = Kp + 4;
+    ldc = C + 8;
+    q = 0;                             // [C, ldk] q as given (l2 norm: scale_q)
+    k = q + C * ldk * kQk;             // [C, ldk] k as given (l2 norm: scale_k)
+    g = k + C * ldk * kQk;             // [C, ldg] gamma * log2(e)
+    pa = g + C * ldg * 4;              // [C, ldc] dP and dA^T
+    da = pa + C * ldc * 4;             // [C, 16] dA[r, i] of the diagonal blocks at da[r, i % 16]
+    beta = da + C * 16 * 4;            // [C]
+    scale_q = beta + C * 4;            // [C]
+    scale_k = scale_q + C * 4;         // [C]
+    part = scale_k + C * 4;            // [Kp / kCols, C] sum_d k dk_rows over each warp's columns
+    scratch = part + Kp / Cfg::kCols * C * 4;  // [kWarps, 16, kLdScratch], dA [C, ldc] before
+    const int tiles = Cfg::kWarps * 16 * Cfg::kLdScratch * 4, staged = C * ldc * 4;
+    bytes = scratch + (tiles > staged ? tiles : staged);
   }
 };
 
 // A warp's 16 x 32 accumulator tile in column layout: lane c gets column c of the 16 rows.
-template <int N>
+template <int kLd, int N>
 __device__ __forceinline__ void to_columns(const float (&acc)[N][4], float (&column)[16], float* tile) {
-  constexpr int kLd = BwdIntraConfig::kLdScratch;
   for_each_acc(acc, [&](int r, int c, float x) { tile[r * kLd + c] = x; });
   __syncwarp();
 #pragma unroll
@@ -48,97 +79,89 @@ __device__ __forceinline__ void to_columns(const float (&acc)[N][4], float (&col
   __syncwarp();
 }
 
-template <Products kP, typename Dims>
-__global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
-  constexpr int kCols = BwdIntraConfig::kCols, kN = kCols / 8;
+template <Products kP, typename Dims, typename Qk>
+__global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Qk>::kMinBlocks)
+    bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
+  using Cfg = BwdIntraConfig<Qk>;
+  constexpr int kCols = Cfg::kCols, kN = kCols / 8;
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
   const int head = blockIdx.y, C = Dims::chunk(f), K = Dims::k(f), l = static_cast<int>(c.rows);
-  const int Kp = BwdIntraConfig::padded(K), ldk = BwdIntraConfig::ld_k(K), ldc = BwdIntraConfig::ld_c(C);
-  extern __shared__ __align__(16) float smem[];
-  float* q = smem;               // [C, ldk]
-  float* k = q + C * ldk;        // [C, ldk]
-  float* g = k + C * ldk;        // [C, ldk] gamma * log2(e)
-  float* dP = g + C * ldk;       // [C, ldc] lower triangle
-  float* dA = dP + C * ldc;      // [C, ldc] strictly lower
-  float* beta = dA + C * ldc;    // [C]
-  float* part = beta + C;        // [Kp / 32, C] sum_d k dk_rows over each warp's columns
-  float* scratch = part + Kp / kCols * C;  // [kWarps, 16, kLdScratch]
+  const int Kp = Cfg::padded(K);
+  const BwdIntraLayout<Qk> L(C, K);
+  const int ldk = L.ldk, ldg = L.ldg, ldc = L.ldc;
+  extern __shared__ __align__(16) char smem_bytes[];
+  Qk* q = reinterpret_cast<Qk*>(smem_bytes + L.q);
+  Qk* k = reinterpret_cast<Qk*>(smem_bytes + L.k);
+  float* g = reinterpret_cast<float*>(smem_bytes + L.g);
+  float* pa = reinterpret_cast<float*>(smem_bytes + L.pa);
+  float* da = reinterpret_cast<float*>(smem_bytes + L.da);
+  float* beta = reinterpret_cast<float*>(smem_bytes + L.beta);
+  float* scale_q = reinterpret_cast<float*>(smem_bytes + L.scale_q);
+  float* scale_k = reinterpret_cast<float*>(smem_bytes + L.scale_k);
+  float* part = reinterpret_cast<float*>(smem_bytes + L.part);
+  float* scratch = reinterpret_cast<float*>(smem_bytes + L.scratch);
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
+  // q_hat, k_hat as F2 forms them (forward/workspace.hpp): q and k of the value head's query/key
+  // head as given, times the row scales of l2norm (1 without), the same fp32 products wherever read.
+  auto q_hat = [&](int r, int d) { return to_float(q[r * ldk + d]) * scale_q[r]; };
+  auto k_hat = [&](int r, int d) { return to_float(k[r * ldk + d]) * scale_k[r]; };
 
   // Rows past the chunk's end and columns past K are zero; so are dP above and dA on and above
   // the diagonal (as B1 and B3 store them).
   const int64_t stride_k = static_cast<int64_t>(f.HV) * K, stride_c = static_cast<int64_t>(f.HV) * C;
-  copy_rows_async(dP, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
-  copy_rows_async(dA, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
-  copy_rows_async(g, ldk, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
-  // q_hat, k_hat as F2 forms them (forward/workspace.hpp): q and k of the value head's query/key
-  // head as given, widened below and times the row scales of l2norm. 16-bit rows go through the
-  // scratch tiles (free until the tasks; 2 x 64 x 136 x 2 bytes at most, under their 36 KB).
-  const int qk_head = head / (f.HV / f.H), ld16 = Kp + 8;
+  copy_rows_async(pa, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
+  copy_rows_async(scratch, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
+  copy_rows_async(g, ldg, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
+  const int qk_head = head / (f.HV / f.H);
   const int64_t stride_qk = static_cast<int64_t>(f.H) * K, qk_first = (c.first_row * f.H + qk_head) * K;
-  auto with_qk_type = [&](auto body) {
-    if (f.qk_dtype == DType::kBF16) return body(__nv_bfloat16{});
-    if (f.qk_dtype == DType::kF16) return body(__half{});
-    body(float{});
-  };
-  with_qk_type([&](auto element) {
-    using T = decltype(element);
-    if constexpr (sizeof(T) == 2) {
-      T* staged = reinterpret_cast<T*>(scratch);
-      copy_rows16_async(staged, ld16, static_cast<const T*>(f.q) + qk_first, stride_qk, C, Kp, l, K);
-      copy_rows16_async(staged + C * ld16, ld16, static_cast<const T*>(f.k) + qk_first, stride_qk, C, Kp, l, K);
-    } else {
-      copy_rows_async(q, ldk, static_cast<const float*>(f.q) + qk_first, stride_qk, C, Kp, l, K);
-      copy_rows_async(k, ldk, static_cast<const float*>(f.k) + qk_first, stride_qk, C, Kp, l, K);
-    }
-  });
+  const Qk* q_in = static_cast<const Qk*>(f.q) + qk_first;
+  const Qk* k_in = static_cast<const Qk*>(f.k) + qk_first;
+  if constexpr (Cfg::kNarrow) {
+    copy_rows16_async(q, ldk, q_in, stride_qk, C, Kp, l, K);
+    copy_rows16_async(k, ldk, k_in, stride_qk, C, Kp, l, K);
+  } else {
+    copy_rows_async(q, ldk, q_in, stride_qk, C, Kp, l, K);
+    copy_rows_async(k, ldk, k_in, stride_qk, C, Kp, l, K);
+  }
   cp_async_commit();
   // B3's partials, read back at the end of every task: asked into L2 now.
   prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, 4 * K);
   prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, 4 * K);
   prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
-  for (int r = tid; r < C; r += nthreads) beta[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;
+  for (int r = tid; r < C; r += nthreads) {
+    const bool valid = r < l, scaled = valid && f.ws.scale_q != nullptr;
+    const int64_t row = (c.first_row + r) * f.H + qk_head;
+    beta[r] = valid ? f.ws.beta_act[row_at(r)] : 0.f;
+    scale_q[r] = scaled ? f.ws.scale_q[row] : 1.f;
+    scale_k[r] = scaled ? f.ws.scale_k[row] : 1.f;
+  }
   cp_async_wait<0>();
   __syncthreads();
-  to_log2_units(g, C, Kp, ldk);
-  with_qk_type([&](auto element) {
-    using T = decltype(element);
-    if (sizeof(T) == 4 && f.ws.scale_q == nullptr) return;
-    const T* staged = reinterpret_cast<const T*>(scratch);
-    for (int x = tid; x < C * Kp; x += nthreads) {
-      const int r = x / Kp, d = x % Kp;
-      const bool scaled = f.ws.scale_q != nullptr && r < l;
-      const int64_t row = (c.first_row + r) * f.H + qk_head;
-      const float sq = scaled ? f.ws.scale_q[row] : 1.f, sk = scaled ? f.ws.scale_k[row] : 1.f;
-      if constexpr (sizeof(T) == 2) {
-        q[r * ldk + d] = to_float(staged[r * ld16 + d]) * sq;
-        k[r * ldk + d] = to_float(staged[(C + r) * ld16 + d]) * sk;
-      } else {
-        q[r * ldk + d] *= sq;
-        k[r * ldk + d] *= sk;
-      }
-    }
-  });
+  to_log2_units(g, C, Kp, ldg);
+  for (int x = tid; x < C * C; x += nthreads) {  // dA[r, i], i < r, to pa[i, r] or da[r, i % 16]
+    const int r = x / C, i = x % C;
+    if (i < r) (i >= r / 16 * 16 ? da[r * 16 + i % 16] : pa[i * ldc + r]) = scratch[r * ldc + i];
+  }
   __syncthreads();
 
   const int groups = Kp / kCols;
-  for (int task = warp; task < ceil_div(l, 16) * groups; task += BwdIntraConfig::kWarps) {
+  for (int task = warp; task < ceil_div(l, 16) * groups; task += Cfg::kWarps) {
     const int R0 = task / groups * 16, c0 = task % groups * kCols, last = R0 + 15;
     const bool has_cols = last + 1 < l;  // a row past the sub-chunk holds a token
     const int gq = lane / 4, t = lane % 4;
     float dq_rows[kN][4] = {}, dk_rows[kN][4] = {}, dk_cols[kN][4] = {};
     // Row side, key rows i < R0: (dP, dA)[r, i] . (k_i exp(g_R0 - g_i)), then * exp(g_r - g_R0).
     for (int i0 = 0; i0 < R0; i0 += 8) {
-      const FragA fp = load_frag_a<kP>([&](int r, int i) { return dP[(R0 + r) * ldc + i]; }, i0);
-      const FragA fa = load_frag_a<kP>([&](int r, int i) { return dA[(R0 + r) * ldc + i]; }, i0);
+      const FragA fp = load_frag_a<kP>([&](int r, int i) { return pa[(R0 + r) * ldc + i]; }, i0);
+      const FragA fa = load_frag_a<kP>([&](int r, int i) { return pa[i * ldc + R0 + r]; }, i0);
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
         const int d = c0 + 8 * n + gq;
         const int i = i0 + t;
-        const SplitTf32 b0 = split_tf32<kP>(k[i * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[i * ldk + d]));
-        const SplitTf32 b1 = split_tf32<kP>(k[(i + 4) * ldk + d] * exp2_fast(g[R0 * ldk + d] - g[(i + 4) * ldk + d]));
+        const SplitTf32 b0 = split_tf32<kP>(k_hat(i, d) * exp2_fast(g[R0 * ldg + d] - g[i * ldg + d]));
+        const SplitTf32 b1 = split_tf32<kP>(k_hat(i + 4, d) * exp2_fast(g[R0 * ldg + d] - g[(i + 4) * ldg + d]));
         mma_split<kP>(dq_rows[n], fp, b0, b1);
         mma_split<kP>(dk_rows[n], fa, b0, b1);
       }
@@ -147,8 +170,8 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
     // then * exp(g_last - g_r). Only when a row past the sub-chunk holds a token (so g_last does).
     if (has_cols) {
       for (int j0 = last + 1; j0 < C; j0 += 8) {
-        const FragA fp = load_frag_a<kP>([&](int r, int j) { return dP[j * ldc + R0 + r]; }, j0);
-        const FragA fa = load_frag_a<kP>([&](int r, int j) { return dA[j * ldc + R0 + r]; }, j0);
+        const FragA fp = load_frag_a<kP>([&](int r, int j) { return pa[j * ldc + R0 + r]; }, j0);
+        const FragA fa = load_frag_a<kP>([&](int r, int j) { return pa[(R0 + r) * ldc + j]; }, j0);
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
           const int d = c0 + 8 * n + gq;
@@ -156,9 +179,9 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int j = j0 + t + 4 * h;
-            const float e = j < l ? exp2_fast(g[j * ldk + d] - g[last * ldk + d]) : 0.f;
-            bq[h] = q[j * ldk + d] * e;
-            bk[h] = beta[j] * k[j * ldk + d] * e;
+            const float e = j < l ? exp2_fast(g[j * ldg + d] - g[last * ldg + d]) : 0.f;
+            bq[h] = q_hat(j, d) * e;
+            bk[h] = beta[j] * k_hat(j, d) * e;
           }
           mma_split<kP>(dk_cols[n], fp, split_tf32<kP>(bq[0]), split_tf32<kP>(bq[1]));
           mma_split<kP>(dk_cols[n], fa, split_tf32<kP>(bk[0]), split_tf32<kP>(bk[1]));
@@ -168,19 +191,19 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
     // The rest runs in column layout: lane owns column d of the sub-chunk's 16 rows, so the terms
     // inside the sub-chunk read their operands once per pair and the updates are coalesced. The
     // products cross over through the warp's scratch tile.
-    float* tile = scratch + warp * 16 * BwdIntraConfig::kLdScratch;
+    float* tile = scratch + warp * 16 * Cfg::kLdScratch;
     float dq[16], dkr[16], dkc[16];
-    to_columns(dq_rows, dq, tile);
-    to_columns(dk_rows, dkr, tile);
-    to_columns(dk_cols, dkc, tile);
+    to_columns<Cfg::kLdScratch>(dq_rows, dq, tile);
+    to_columns<Cfg::kLdScratch>(dk_rows, dkr, tile);
+    to_columns<Cfg::kLdScratch>(dk_cols, dkc, tile);
     const int d = c0 + lane, rows = min(16, l - R0);
     // Rows past the chunk's end take the last row's gamma: their exponentials stay <= 1 (their
     // operands are zero), where gamma = 0 could overflow.
     float gc[16], kc[16];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      gc[r] = g[(R0 + min(r, rows - 1)) * ldk + d];
-      kc[r] = k[(R0 + r) * ldk + d];
+      gc[r] = g[(R0 + min(r, rows - 1)) * ldg + d];
+      kc[r] = k_hat(R0 + r, d);
     }
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -190,15 +213,16 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
       dkc[r] = has_cols ? dkc[r] * exp2_fast(gc[15] - gc[r]) : 0.f;
     }
     // Pairs (r, i <= r) inside the sub-chunk, one exponential each: the row side of r, the column
-    // side of i.
+    // side of i. dA is zero on the diagonal.
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      const float* p_row = dP + (R0 + r) * ldc + R0;
-      const float* a_row = dA + (R0 + r) * ldc + R0;
-      const float q_r = q[(R0 + r) * ldk + d], bk_r = beta[R0 + r] * kc[r];
+      const float* p_row = pa + (R0 + r) * ldc + R0;
+      const float* a_row = da + (R0 + r) * 16;
+      const float q_r = q_hat(R0 + r, d), bk_r = beta[R0 + r] * kc[r];
 #pragma unroll
       for (int i = 0; i <= r; ++i) {
-        const float e = i == r ? 1.f : exp2_fast(gc[r] - gc[i]), pe = p_row[i] * e, ae = a_row[i] * e;
+        const float e = i == r ? 1.f : exp2_fast(gc[r] - gc[i]), pe = p_row[i] * e;
+        const float ae = i == r ? 0.f : a_row[i] * e;
         dq[r] += pe * kc[i];
         dkr[r] += ae * kc[i];
         dkc[i] += pe * q_r + ae * bk_r;
@@ -234,7 +258,7 @@ __global__ void __launch_bounds__(BwdIntraConfig::kThreads) bwd_intra_kernel(con
           p.ws.dq[at] = dq_total;
           p.ws.dk[at] = dk_total;
         }
-        p.ws.dgamma[at] = old[b].z + (q[(R0 + r) * ldk + d] * dq[r] + kc[r] * (dk_rows_r - dkc[r]));
+        p.ws.dgamma[at] = old[b].z + (q_hat(R0 + r, d) * dq[r] + kc[r] * (dk_rows_r - dkc[r]));
       }
     }
   }

@@ -167,8 +167,12 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
       using Dims = decltype(dims);
       with_d_o_storage<kP>(params.d_o_dtype,
                            [&](auto stored) { wy_inter_pass<kP, Dims, decltype(stored)>(p, params, s); });
-      launch(bwd_intra_kernel<kP, Dims>, per_chunk, BwdIntraConfig::kThreads, BwdIntraConfig::smem_bytes(C, K, V), s,
-             params);
+      with_qk_storage<kP>(p.q.dtype, [&](auto qk) {
+        using Qk = decltype(qk);
+        const auto kernel = bwd_intra_kernel<kP, Dims, Qk>;
+        prefer_max_shared(kernel);  // two blocks of about 109 KB with 16-bit q and k
+        launch(kernel, per_chunk, BwdIntraConfig<Qk>::kThreads, BwdIntraLayout<Qk>(C, K).bytes, s, params);
+      });
     });
   });
   with_gate_element(p.g.dtype, [&](auto element) {
