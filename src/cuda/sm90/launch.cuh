@@ -116,6 +116,14 @@ void with_qk_storage(DType qk, F f) {
   }
 }
 
+// Whether B4 reads the l2norm row scales (use_qk_l2norm_in_kernel; BwdIntraConfig): calls
+// f(std::true_type{}) or f(std::false_type{}).
+template <typename F>
+void with_qk_scales(bool l2norm, F f) {
+  if (l2norm) f(std::true_type{});
+  else f(std::false_type{});
+}
+
 // How B1 and B3 keep dO in shared memory: bf16 as given for bf16 products and a bf16 gradient
 // (copied with cp.async, widened exactly where read), else widened to fp32 as loaded. Calls
 // f(element) with a value of that type.

@@ -79,7 +79,9 @@ __device__ __forceinline__ void to_columns(const float (&acc)[N][4], float (&col
   __syncwarp();
 }
 
-template <Products kP, typename Dims, typename Qk>
+// kScaled: use_qk_l2norm_in_kernel (the row scales exist). Without it the kernel multiplies by
+// nothing: scales of 1 cost it registers (ptxas spilled 32 bytes) and 8% of its time.
+template <Products kP, typename Dims, typename Qk, bool kScaled>
 __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Qk>::kMinBlocks)
     bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
   using Cfg = BwdIntraConfig<Qk>;
@@ -104,9 +106,17 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   // q_hat, k_hat as F2 forms them (forward/workspace.hpp): q and k of the value head's query/key
-  // head as given, times the row scales of l2norm (1 without), the same fp32 products wherever read.
-  auto q_hat = [&](int r, int d) { return to_float(q[r * ldk + d]) * scale_q[r]; };
-  auto k_hat = [&](int r, int d) { return to_float(k[r * ldk + d]) * scale_k[r]; };
+  // head as given, times the row scales of l2norm, the same fp32 products wherever read.
+  auto q_hat = [&](int r, int d) {
+    const float x = to_float(q[r * ldk + d]);
+    if constexpr (kScaled) return x * scale_q[r];
+    else return x;
+  };
+  auto k_hat = [&](int r, int d) {
+    const float x = to_float(k[r * ldk + d]);
+    if constexpr (kScaled) return x * scale_k[r];
+    else return x;
+  };
 
   // Rows past the chunk's end and columns past K are zero; so are dP above and dA on and above
   // the diagonal (as B1 and B3 store them).
@@ -131,11 +141,13 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, 4 * K);
   prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
   for (int r = tid; r < C; r += nthreads) {
-    const bool valid = r < l, scaled = valid && f.ws.scale_q != nullptr;
-    const int64_t row = (c.first_row + r) * f.H + qk_head;
+    const bool valid = r < l;
     beta[r] = valid ? f.ws.beta_act[row_at(r)] : 0.f;
-    scale_q[r] = scaled ? f.ws.scale_q[row] : 1.f;
-    scale_k[r] = scaled ? f.ws.scale_k[row] : 1.f;
+    if constexpr (kScaled) {
+      const int64_t row = (c.first_row + r) * f.H + qk_head;
+      scale_q[r] = valid ? f.ws.scale_q[row] : 1.f;
+      scale_k[r] = valid ? f.ws.scale_k[row] : 1.f;
+    }
   }
   cp_async_wait<0>();
   __syncthreads();
