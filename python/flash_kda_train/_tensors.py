@@ -59,6 +59,7 @@ class Fields(NamedTuple):
 _TENSOR_FORMAT, _TENSOR_BYTES = "QiiiBBHQQQ", 48
 _LAYOUTS = {}  # the tensors' ndims (None where absent) -> (buffer type, Struct, each tensor's offset or 0)
 _NO_CELLS = (0,)  # the one shape and stride cell of a 0-d tensor
+_SHAPE = Fields._fields.index("shape")  # read by index in Block's packing loop
 
 
 def _layout(ndims: Tuple[Optional[int], ...]):
@@ -85,7 +86,7 @@ class Block:
     __slots__ = ("_buffer", "address", "_at", "fields")
 
     def __init__(self, fields: Sequence[Optional[Fields]]):
-        ndims = tuple([None if f is None else len(f[5]) for f in fields])
+        ndims = tuple([None if f is None else len(f[_SHAPE]) for f in fields])
         buffer_type, packer, offsets = _LAYOUTS.get(ndims) or _layout(ndims)
         self._buffer = buffer_type()
         base = self.address = ctypes.addressof(self._buffer)
