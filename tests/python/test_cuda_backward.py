@@ -246,3 +246,56 @@ def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, stat
     for more, fewer in ((narrow, wide), (dense, wide), (dense, narrow)):
         for name, a, b in zip(names, results[more], results[fewer]):
             assert torch.equal(a[: b.shape[0]] if name in ("final_state", "dh0") else a[:, : b.shape[1]], b), name
+
+
+# (dtype, query/key heads per value head, l2norm, beta logits): bf16 runs the wgmma state passes
+# and, without GVA and l2norm, writes dq and dk in bwd_intra; GVA with l2norm goes through
+# bwd_prepare; float16 runs the mma.sync passes with a widened dO.
+HEAD_GROUP_CASES = [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, True, False),
+                    (torch.float16, 1, True, True)]
+
+
+@pytest.mark.parametrize("dtype,gva,l2norm,beta_logits", HEAD_GROUP_CASES, ids=["bf16", "bf16-gva-l2norm", "fp16"])
+def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gva, l2norm, beta_logits):
+    """The backward runs on two head groups in turn when each still gives the state passes a block
+    per SM (cuda/sm90/backward/head_groups.hpp), in one group's workspace: the call's workspace is
+    that of a call on half its heads, and every gradient is bitwise that of calls on each half."""
+    from flash_kda_train import _abi
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    HV = 4 * -(-sms // 8)  # V-tiles x HV / 2 >= sms: two groups; a half alone (HV / 2 x 4 < 2 sms) one
+    H, K, T = HV // gva, 128, 130
+    torch.manual_seed(0)
+    x = make_inputs(B=1, T=T, H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True, beta_logits=beta_logits,
+                    requires_grad=False)
+    do = torch.randn(x["v"].shape).to(dtype).cuda()
+    dht = torch.randn(x["initial_state"].shape).cuda()
+    workspace = []
+    planned = _abi.Call.sizes
+
+    def recorded(call):
+        sizes = planned(call)
+        workspace.append(sizes.backward_workspace_bytes)
+        return sizes
+
+    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+
+    def step(h0, h1):
+        qk = slice(h0 // gva, h1 // gva)
+        leaves = {n: x[n][:, :, qk].contiguous().cuda().requires_grad_() for n in ("q", "k")}
+        leaves.update({n: x[n][:, :, h0:h1].contiguous().cuda().requires_grad_() for n in ("v", "g", "beta")})
+        leaves["initial_state"] = x["initial_state"][:, h0:h1].contiguous().cuda().requires_grad_()
+        leaves["A_log"] = x["A_log"][h0:h1].cuda().requires_grad_()
+        leaves["dt_bias"] = x["dt_bias"][h0 * K:h1 * K].cuda().requires_grad_()
+        o, ht = fkt.chunk_kda(**leaves, use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True,
+                              use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=beta_logits,
+                              output_final_state=True)
+        torch.autograd.backward([o, ht], [do[:, :, h0:h1].contiguous(), dht[:, h0:h1].contiguous()])
+        return {n: t.grad for n, t in leaves.items()}
+
+    whole = step(0, HV)
+    halves = [step(0, HV // 2), step(HV // 2, HV)]
+    assert len(workspace) >= 3 and len(set(workspace)) == 1, workspace
+    head_dim = {"q": 2, "k": 2, "v": 2, "g": 2, "beta": 2, "initial_state": 1, "A_log": 0, "dt_bias": 0}
+    for name, grad in whole.items():
+        assert torch.equal(torch.cat([half[name] for half in halves], dim=head_dim[name]), grad), name

@@ -174,6 +174,8 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
   params.K = static_cast<int32_t>(p.K);
   params.V = static_cast<int32_t>(p.V);
   params.chunk = p.chunk;
+  params.io_H = params.H;
+  params.io_HV = params.HV;
   return params;
 }
 

@@ -51,9 +51,10 @@ CUtensorMap encode_3d(const void* base, DType dtype, const int64_t (&dims)[3], c
 }  // namespace
 
 CUtensorMap row_tensor_map(const void* base, DType dtype, int64_t cols, int64_t heads, int64_t head_pitch,
-                           int64_t tokens, int box_rows) {
+                           int64_t tokens, int box_rows, int64_t token_pitch) {
   FKT_CHECK(tokens <= INT32_MAX) << "internal: 32-bit TMA token coordinates (check_supported), got " << tokens;
-  return encode_3d(base, dtype, {cols, heads, tokens}, {head_pitch, heads * head_pitch}, 1, box_rows);
+  return encode_3d(base, dtype, {cols, heads, tokens}, {head_pitch, token_pitch > 0 ? token_pitch : heads * head_pitch},
+                   1, box_rows);
 }
 
 CUtensorMap block_tensor_map(const void* base, DType dtype, int64_t cols, int64_t rows, int64_t blocks,

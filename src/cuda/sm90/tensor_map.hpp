@@ -10,11 +10,12 @@
 namespace fkt::cuda {
 
 // A [tokens, heads, cols] tensor of bf16 or fp32 rows (a row's elements contiguous, heads
-// head_pitch elements apart, tokens heads * head_pitch apart) read in boxes of 128 bytes of one
-// row (64 bf16 or 32 fp32 columns) x one head x box_rows tokens, under the 128-byte swizzle:
-// coordinates (first column, head, first token). Rows past the tensor read as zero.
+// head_pitch elements apart, tokens token_pitch apart: heads * head_pitch when 0, more for a view of
+// some heads of a tensor) read in boxes of 128 bytes of one row (64 bf16 or 32 fp32 columns) x one
+// head x box_rows tokens, under the 128-byte swizzle: coordinates (first column, head, first token).
+// Rows past the tensor read as zero.
 CUtensorMap row_tensor_map(const void* base, DType dtype, int64_t cols, int64_t heads, int64_t head_pitch,
-                           int64_t tokens, int box_rows);
+                           int64_t tokens, int box_rows, int64_t token_pitch = 0);
 
 // A [blocks, rows, cols] tensor of contiguous [rows, cols] blocks read in boxes of 128 bytes of a
 // row x box_rows rows (at most 256) of one block, under the 128-byte swizzle: coordinates (first

@@ -50,16 +50,17 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   float* P = delta + C * ldv;                             // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
+  const int64_t io_first = (c.first_row * f.io_HV + head) * V, io_v = static_cast<int64_t>(f.io_HV) * V;  // dO
   // Rows past the chunk's end and columns past V are zero.
   const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
   copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, stride_v, C, Vp, l, V);
   if constexpr (sizeof(DoT) == 2) {
-    copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + row_at(0) * V, stride_v, C, Vp, l, V);
+    copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + io_first, io_v, C, Vp, l, V);
   }
   copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l,
                   C);
   cp_async_commit();
-  if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, row_at(0) * V, stride_v, C, Vp, l, V);
+  if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, io_first, io_v, C, Vp, l, V);
   cp_async_wait<0>();
   __syncthreads();
   // dP: warp tiles of 16 rows x 32 columns; row tile R needs columns below 16 (R + 1) only.

@@ -41,11 +41,13 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
   const float rate = gate.A_log ? expf(load_float(gate.A_log, gate.A_log_dtype, head)) : 1.f;
 
   // The chunk's rows, read below a batch at a time from the last: asked into L2 at once.
+  // Rows of dgamma (the workspace's heads) and of g and dg (io_HV heads as given).
   const int64_t first = (c.first_row * f.HV + head) * K, stride = static_cast<int64_t>(f.HV) * K;
+  const int64_t io_first = (c.first_row * f.io_HV + head) * K, io_stride = static_cast<int64_t>(f.io_HV) * K;
   prefetch_rows_l2(p.ws.dgamma + first, 4 * stride, l, 4 * K);
   if (in_kernel) {
     constexpr int kBytes = sizeof(GT);
-    prefetch_rows_l2(g_in + first, kBytes * stride, l, kBytes * K);
+    prefetch_rows_l2(g_in + io_first, kBytes * io_stride, l, kBytes * K);
   }
 
   double dA_log = 0.0;  // this thread's share of the chunk's dA_log partial
@@ -59,9 +61,8 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
       float dgamma[kBatch], g[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int64_t at = ((c.first_row + r0 - u) * f.HV + head) * K + d;
-        dgamma[u] = r0 - u >= 0 ? p.ws.dgamma[at] : 0.f;
-        g[u] = r0 - u >= 0 && in_kernel ? to_float(g_in[at]) : 0.f;
+        dgamma[u] = r0 - u >= 0 ? p.ws.dgamma[first + (r0 - u) * stride + d] : 0.f;
+        g[u] = r0 - u >= 0 && in_kernel ? to_float(g_in[io_first + (r0 - u) * io_stride + d]) : 0.f;
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
           }
           ddt_bias += static_cast<double>(dx);
         }
-        if (dg) dg[((c.first_row + r0 - u) * f.HV + head) * K + d] = from_float<GT>(dx);
+        if (dg) dg[io_first + (r0 - u) * io_stride + d] = from_float<GT>(dx);
       }
     }
     if (in_kernel) p.ws.ddt_bias_parts[(chunk * f.HV + head) * K + d] = ddt_bias;
@@ -102,13 +103,13 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
 
   if (p.dbeta) {
     for (int r = tid; r < l; r += nthreads) {
-      const int64_t at = (c.first_row + r) * f.HV + head;
-      float grad = p.ws.dbeta[at];
+      const int64_t io_at = (c.first_row + r) * f.io_HV + head;
+      float grad = p.ws.dbeta[(c.first_row + r) * f.HV + head];
       if (f.beta_mode != BetaMode::kPlain) {
-        const float sig = sigmoid(load_float(f.beta, f.beta_dtype, at));
+        const float sig = sigmoid(load_float(f.beta, f.beta_dtype, io_at));
         grad *= (f.beta_mode == BetaMode::kTwoSigmoid ? 2.f : 1.f) * sig * (1.f - sig);
       }
-      store_float(p.dbeta, p.dbeta_dtype, at, grad);
+      store_float(p.dbeta, p.dbeta_dtype, io_at, grad);
     }
   }
 }

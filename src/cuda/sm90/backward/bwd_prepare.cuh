@@ -35,6 +35,7 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
   const int64_t row = static_cast<int64_t>(blocks) * kWarps + s / f.H;
   if (row >= token_rows(f)) return;  // the whole warp leaves together
   const int head = static_cast<int>(s % f.H), lane = threadIdx.x % 32, K = f.K, G = f.HV / f.H;
+  const int64_t io_row = (row * f.io_H + head) * K;  // the row's first element in q, k, dq and dk as given
 
   // dk's operands, read once dq is stored: asked into L2 now (one line per lane).
   if (p.dk != nullptr) {
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
       prefetch_l2(reinterpret_cast<const char*>(p.ws.dk + (row * f.HV + head * G) * K) + at);
     }
     if (f.l2norm && 128 * lane < k_bytes) {
-      prefetch_l2(static_cast<const char*>(f.k) + (row * f.H + head) * k_bytes + 128 * lane);
+      prefetch_l2(static_cast<const char*>(f.k) + io_row * element_bytes(f.qk_dtype) + 128 * lane);
     }
   }
   for (int which = 0; which < 2; ++which) {
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         const int d = lane + 32 * j;
-        x[j] = d < K ? load_float(in, f.qk_dtype, (row * f.H + head) * K + d) : 0.f;
+        x[j] = d < K ? load_float(in, f.qk_dtype, io_row + d) : 0.f;
         sum += x[j] * x[j];
       }
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int d = lane + 32 * j;
-      if (d < K) store_float(out, f.qk_dtype, (row * f.H + head) * K + d, grad[j]);
+      if (d < K) store_float(out, f.qk_dtype, io_row + d, grad[j]);
     }
   }
 }

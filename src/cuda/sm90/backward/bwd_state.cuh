@@ -56,9 +56,10 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   const int col0 = warp / StateConfig::kWarps * kCols;  // the warp's first column of dS
   const bool owner = row0 < Kp;
   const int64_t chunks = ceil_div(seq.length, C), stride_k = static_cast<int64_t>(f.HV) * K;
-  const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
   auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
   auto row_of = [&](int64_t j) { return (seq.first_row + j * C) * f.HV + head; };  // chunk's first (token, head) row
+  auto io_row_of = [&](int64_t j) { return (seq.first_row + j * C) * f.io_HV + head; };  // the same in dO
+  const int64_t io_v = static_cast<int64_t>(f.io_HV) * V;
   // Group A: K_down of chunk j; group B: Q_up, W, gamma_L and a 16-bit dO. Rows past the end and
   // padding are zero.
   auto issue_delta = [&](int64_t j) {
@@ -71,7 +72,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
     copy_rows_async(W, ldm, reinterpret_cast<const Op*>(f.ws.W) + row_of(j) * K, stride_k, C, Kp, rows_of(j), K);
     copy_rows_async(g_last, Kp, f.ws.g_last + ((seq.first_chunk + j) * f.HV + head) * K, K, 1, Kp, 1, K);
     if constexpr (kDo16) {
-      copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + row_of(j) * V + e0, stride_v, C, kTile,
+      copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + io_row_of(j) * V + e0, io_v, C, kTile,
                         rows_of(j), values);
     }
     cp_async_commit();
@@ -121,7 +122,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
 #pragma unroll
       for (int i = 0; i < kPrefetch; ++i) {
         const int x = tid + i * kThreads, r = x / kTile, e = x % kTile;
-        const int64_t at = (row_of(j) + static_cast<int64_t>(r) * f.HV) * V + e0 + e;
+        const int64_t at = (io_row_of(j) + static_cast<int64_t>(r) * f.io_HV) * V + e0 + e;
         pre[i] = r < l && e < values ? load_float(p.d_o, p.d_o_dtype, at) : 0.f;
       }
     }

@@ -114,6 +114,8 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
+  auto io_at = [&](int r) { return (c.first_row + r) * f.io_HV + head; };  // the same in v, dO and dv
+  const int64_t io_v = static_cast<int64_t>(f.io_HV) * V;
   // Warp tiles of a [C, width] output: 16 rows x 32 columns, at most 16 of them (C, width <= 128).
   constexpr int kCols = WyInterConfig::kCols, kN = kCols / 8;
   auto tile_of = [&](int width) {
@@ -147,12 +149,11 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       if constexpr (sizeof(DoT) == 2) {
-        copy_rows16_async(tile_do, ldo, static_cast<const DoT*>(p.d_o) + row_at(0) * V + e0, stride_v, C, kTile, l,
-                          width);
+        copy_rows16_async(tile_do, ldo, static_cast<const DoT*>(p.d_o) + io_at(0) * V + e0, io_v, C, kTile, l, width);
       }
       cp_async_commit();
       if constexpr (sizeof(DoT) == 4) {
-        load_rows_as_float(tile_do, ldo, p.d_o, p.d_o_dtype, row_at(0) * V + e0, stride_v, C, kTile, l, width);
+        load_rows_as_float(tile_do, ldo, p.d_o, p.d_o_dtype, io_at(0) * V + e0, io_v, C, kTile, l, width);
       }
       cp_async_wait<0>();
       __syncthreads();
@@ -208,11 +209,12 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   const int qk_head = head / (f.HV / f.H), qk_bytes = element_bytes(f.qk_dtype);
   const bool qk_vector = vector && reinterpret_cast<uintptr_t>(f.q) % (4 * qk_bytes) == 0 &&
                          reinterpret_cast<uintptr_t>(f.k) % (4 * qk_bytes) == 0;
-  auto qk_row = [&](int r) { return (c.first_row + r) * f.H + qk_head; };
+  auto qk_row = [&](int r) { return (c.first_row + r) * f.H + qk_head; };  // in the row scales
+  auto io_qk_row = [&](int r) { return (c.first_row + r) * f.io_H + qk_head; };  // in q and k
   // kTf32 runs for bf16 inputs only (products_for), so q and k are bf16 there: typed loads.
   auto hat4 = [&](const void* x, const float* scale, int r, int d, int n) {
     if (n <= 0) return float4{0.f, 0.f, 0.f, 0.f};
-    const int64_t at = qk_row(r) * K + d;
+    const int64_t at = io_qk_row(r) * K + d;
     float4 v;
     if constexpr (kP == Products::kTf32) {
       if (qk_vector && n >= 4) {
@@ -255,7 +257,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
             map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter);
         store_first(p.ws.dgamma + global, dgamma, K - d, vector);
       });
-  load_rows_as_float(vs, ldv, f.v, f.v_dtype, row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
+  load_rows_as_float(vs, ldv, f.v, f.v_dtype, io_at(0) * V, io_v, C, Vp, l, V);
   cp_async_wait<0>();
   __syncthreads();
 
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
       if (row >= l || col >= V) return;
       const bool both = col + 1 < V;
       if (p.dv != nullptr) {
-        store_pair(p.dv, p.dv_dtype, row_at(row) * V + col, make_float2(beta[i >= 8] * yu.x, beta[i >= 8] * yu.y), both,
+        store_pair(p.dv, p.dv_dtype, io_at(row) * V + col, make_float2(beta[i >= 8] * yu.x, beta[i >= 8] * yu.y), both,
                    paired);
       }
       row_sum[i >= 8] += yu.x * vs[row * ldv + col];
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
     const auto* k_in = static_cast<const decltype(element)*>(f.k);
     float acc = 0.f;
     for (int r = group; r < l; r += kRowGroups) {
-      const float k_hat = to_float(k_in[qk_row(r) * K + d]);
+      const float k_hat = to_float(k_in[io_qk_row(r) * K + d]);
       acc += (f.ws.scale_k != nullptr ? k_hat * f.ws.scale_k[qk_row(r)] : k_hat) * B1[r * ldb + d];
     }
     return acc;

@@ -1,7 +1,7 @@
 // Host side of the CUDA backward: recompute the forward intermediates (F1 to F4, keeping T and the
 // activated inputs) unless the forward kept them (keep_forward), then B1 to B8 and the
-// parameter-gradient reduction. No allocation, no copy
-// and no synchronisation: everything is enqueued on the caller's stream.
+// parameter-gradient reduction, for all heads or one head group after the other (head_groups.hpp).
+// No allocation, no copy and no synchronisation: everything is enqueued on the caller's stream.
 #include <cmath>
 #include <cstdint>
 
@@ -16,6 +16,7 @@
 #include "cuda/sm90/backward/bwd_state.cuh"
 #include "cuda/sm90/backward/bwd_state_wgmma.cuh"
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
+#include "cuda/sm90/backward/head_groups.hpp"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
@@ -69,7 +70,7 @@ BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params)
   wgmma.k_down = row_tensor_map(ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.w = row_tensor_map(ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.q_up = row_tensor_map(ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, tokens, p.chunk);
+  wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, tokens, p.chunk, params.fwd.io_HV * p.V);
   return wgmma;
 }
 
@@ -121,26 +122,14 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
     args.d_states = block_tensor_map(params.ws.d_states, DType::kF32, V, p.HV * K, chunks, K);
     args.delta = row_tensor_map(ws.delta, DType::kF32, V, p.HV, V, tokens, C);
     args.d_delta = row_tensor_map(params.ws.d_delta, DType::kF32, V, p.HV, V, tokens, C);
-    args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, tokens, C);
+    args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, tokens, C, params.fwd.io_HV * V);
   }
   launch(bwd_wy_inter_kernel<kP, Dims, DoT>, per_chunk, WyInterConfig::kThreads,
          WyInterLayout::bytes(C, K, V, kBf16DoAtCommonShape<Dims, DoT>), s, args);
 }
 
-}  // namespace
-
-uint64_t backward_workspace_bytes(const Problem& p) {
-  Carver measure;
-  const int bytes = operand_bytes(products_for(p));
-  BackwardWorkspace::carve(measure, p, ForwardWorkspace::carve(measure, p, true, bytes), bytes);
-  return measure.bytes();
-}
-
-void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
-  FKT_CHECK(TensorRef(io.d_o, "d_o").contiguous()) << "d_o: the CUDA backend reads a contiguous gradient";
-  FKT_CHECK(!io.d_final_state || TensorRef(io.d_final_state, "d_final_state").contiguous())
-      << "d_final_state: the CUDA backend reads a contiguous gradient";
-  const BackwardParams params = make_params(p, io);
+// B0 to B8 of the heads of p (a head group's problem and params, or the call's).
+void backward_heads(const Problem& p, const BackwardParams& params, void* stream) {
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
@@ -186,9 +175,33 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
     launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,
            BwdPrepareConfig::smem_bytes(C, K, V), s, params);
   }
-  if (p.gate != GateMode::kPrecomputed && (io.dA_log || io.ddt_bias)) {
+  if (p.gate != GateMode::kPrecomputed && (params.dA_log || params.ddt_bias)) {
     launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
            BwdParamsConfig::smem_bytes(C, K, V), s, params);
+  }
+}
+
+}  // namespace
+
+// One head group's workspace (head_groups.hpp), used by each group in turn.
+uint64_t backward_workspace_bytes(const Problem& p) {
+  Carver measure;
+  const int bytes = operand_bytes(products_for(p));
+  const Problem part = head_group_problem(p, backward_head_groups(p));
+  BackwardWorkspace::carve(measure, part, ForwardWorkspace::carve(measure, part, true, bytes), bytes);
+  return measure.bytes();
+}
+
+void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
+  FKT_CHECK(TensorRef(io.d_o, "d_o").contiguous()) << "d_o: the CUDA backend reads a contiguous gradient";
+  FKT_CHECK(!io.d_final_state || TensorRef(io.d_final_state, "d_final_state").contiguous())
+      << "d_final_state: the CUDA backend reads a contiguous gradient";
+  const int groups = backward_head_groups(p);
+  if (groups == 1) return backward_heads(p, make_params(p, io), stream);
+  const Problem part = head_group_problem(p, groups);
+  const BackwardParams params = make_params(part, io);
+  for (int group = 0; group < groups; ++group) {
+    backward_heads(part, head_group_params(params, p, part, group), stream);
   }
 }
 

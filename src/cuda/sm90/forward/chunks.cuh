@@ -50,9 +50,10 @@ __device__ __forceinline__ ChunkSpan chunk_span(const ForwardParams& p, int64_t 
   return {first, min(static_cast<int64_t>(p.chunk), end - first), 0, j};
 }
 
-// Element (d, e) of the state of (sequence n, value head) in a [N, HV, K, V] or [N, HV, V, K] tensor.
+// Element (d, e) of the state of (sequence n, value head) in a [N, HV, K, V] or [N, HV, V, K] tensor
+// as given (io_HV heads).
 __device__ __forceinline__ int64_t state_index(const ForwardParams& p, int64_t n, int head, int d, int e) {
-  const int64_t base = (n * p.HV + head) * static_cast<int64_t>(p.K) * p.V;
+  const int64_t base = (n * p.io_HV + head) * static_cast<int64_t>(p.K) * p.V;
   return base + (p.state_v_first ? static_cast<int64_t>(e) * p.K + d : static_cast<int64_t>(d) * p.V + e);
 }
 

@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   float* scale_k = reinterpret_cast<float*>(smem_bytes + L.scale_k);
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
+  auto io_at = [&](int r) { return (c.first_row + r) * p.io_HV + head; };  // the same in g, v and beta
   // q_hat, k_hat (l2-normalised when asked) as fp32.
   auto q_at = [&](int r, int d) { return to_float(q[r * ldk + d]) * scale_q[r]; };
   auto k_at = [&](int r, int d) { return to_float(k[r * ldk + d]) * scale_k[r]; };
@@ -219,13 +220,14 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   auto k4 = [&](int r, int d) { return map4([&](float x) { return x * scale_k[r]; }, load4_as_float(k + r * ldk + d)); };
 
   // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
-  const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.H) * K;
-  const int64_t stride_v = static_cast<int64_t>(p.HV) * V, qk_first = (c.first_row * p.H + qk_head) * K;
+  const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.io_H) * K;
+  const int64_t io_k = static_cast<int64_t>(p.io_HV) * K, io_v = static_cast<int64_t>(p.io_HV) * V;
+  const int64_t qk_first = (c.first_row * p.io_H + qk_head) * K;
   const DType g_dtype = p.gate.g_dtype;
   if (g_dtype == DType::kF32) {
-    copy_rows_async(g, ldg, static_cast<const float*>(p.gate.g) + row_at(0) * K, stride_k, C, Kp, l, K);
+    copy_rows_async(g, ldg, static_cast<const float*>(p.gate.g) + io_at(0) * K, io_k, C, Kp, l, K);
   } else {
-    copy_rows16_async(g16, Kp, static_cast<const uint16_t*>(p.gate.g) + row_at(0) * K, stride_k, C, Kp, l, K);
+    copy_rows16_async(g16, Kp, static_cast<const uint16_t*>(p.gate.g) + io_at(0) * K, io_k, C, Kp, l, K);
   }
   if constexpr (Config::kNarrow) {
     copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
@@ -234,14 +236,14 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   cp_async_commit();
   {  // v and beta, loaded later: asked into L2 first
     const int v_size = element_bytes(p.v_dtype), beta_size = element_bytes(p.beta_dtype);
-    prefetch_rows_l2(static_cast<const char*>(p.v) + row_at(0) * V * v_size, v_size * stride_v, l, v_size * V);
-    for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + row_at(r) * beta_size);
+    prefetch_rows_l2(static_cast<const char*>(p.v) + io_at(0) * V * v_size, v_size * io_v, l, v_size * V);
+    for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + io_at(r) * beta_size);
   }
   if constexpr (!Config::kNarrow) {
     load_rows_as_float<2>({{q, k}}, ldk, {{p.q, p.k}}, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
   }
   for (int r = tid; r < C; r += nthreads) {
-    beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, (c.first_row + r) * p.HV + head)) : 0.f;
+    beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, io_at(r))) : 0.f;
   }
   auto zero = [&](float* x) {
     for (int i = 4 * tid; i < C * ldc; i += 4 * nthreads) store4(x + i, float4{0.f, 0.f, 0.f, 0.f});
@@ -378,10 +380,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
 
   // A is dead: v into its place.
   if constexpr (Config::kNarrow) {
-    copy_rows16_async(vs, ldv, static_cast<const In*>(p.v) + row_at(0) * V, stride_v, C, Vp, l, V);
+    copy_rows16_async(vs, ldv, static_cast<const In*>(p.v) + io_at(0) * V, io_v, C, Vp, l, V);
     cp_async_commit();
   } else {
-    load_rows_as_float(vs, ldv, p.v, p.v_dtype, row_at(0) * V, stride_v, C, Vp, l, V);
+    load_rows_as_float(vs, ldv, p.v, p.v_dtype, io_at(0) * V, io_v, C, Vp, l, V);
   }
   if (p.ws.T != nullptr) {
     store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);

@@ -29,6 +29,12 @@ struct ForwardParams {
   int64_t T, N;
   int64_t chunks_per_row;     // ceil(T / C): chunks of one dense batch row
   int32_t H, HV, K, V, chunk;
+  // Heads between the token rows of the inputs as given (q, k: io_H; v, beta, g, the states:
+  // io_HV), and of the backward's dO and gradients: the call's. Larger than H and HV when the
+  // backward runs on a group of the heads (backward/head_groups.hpp: the pointers at the group's
+  // first head, the workspace the group's alone). The forward's own outputs (o, intermediate_states)
+  // are written with io_H == H and io_HV == HV only.
+  int32_t io_H, io_HV;
 };
 
 }  // namespace fkt::cuda
