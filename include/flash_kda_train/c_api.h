@@ -8,7 +8,8 @@
  * (per thread) holds "file:line: message" naming the argument, what was given and what is
  * expected. No function allocates device memory, synchronizes or copies to the host after
  * fkt_plan_sizes: callers own outputs and the workspace. The backward recomputes what it needs from
- * the inputs, so nothing passes from fkt_forward to fkt_backward but the inputs themselves.
+ * the inputs; what passes from fkt_forward to fkt_backward besides them is `saved` (fkt_sizes
+ * .saved_bytes, when not 0), or the forward's workspace itself with backward_reads_forward_workspace.
  */
 #ifndef FLASH_KDA_TRAIN_C_API_H_
 #define FLASH_KDA_TRAIN_C_API_H_
@@ -88,6 +89,7 @@ typedef struct fkt_forward_outputs {
   fkt_tensor* final_state;         /* like initial_state, fp32; NULL if not requested */
   fkt_tensor* intermediate_states; /* [B, NT, HV, K, V] input dtype; NULL if not requested */
   fkt_tensor* workspace;           /* uint8 [forward_workspace_bytes]; NULL if 0 bytes */
+  fkt_tensor* saved;               /* uint8 [saved_bytes], written for fkt_backward; NULL if 0 bytes */
 } fkt_forward_outputs;
 
 /* Upstream gradients in, gradients out. A NULL output is not computed; d_final_state may be NULL. */
@@ -103,6 +105,7 @@ typedef struct fkt_backward_io {
   fkt_tensor* ddt_bias;            /* like dt_bias */
   fkt_tensor* dh0;                 /* like initial_state */
   fkt_tensor* workspace;           /* uint8 [backward_workspace_bytes] */
+  const fkt_tensor* saved;         /* the forward's `saved`, unmodified; NULL if 0 bytes */
 } fkt_backward_io;
 
 typedef struct fkt_sizes {
@@ -117,6 +120,11 @@ typedef struct fkt_sizes {
    * and options; it writes gradients over intermediates there, so the buffer serves one
    * fkt_backward. 0: the backward recomputes and its workspace is any buffer of its size. */
   int32_t backward_reads_forward_workspace;
+  /* Bytes the forward writes into its `saved` output and the backward reads, with the same inputs
+   * and options (any number of backwards): on CUDA, the fp32 states at the starts of the time
+   * segments that the backward runs one after the other in one segment's workspace (dense inputs
+   * of many chunks). 0: nothing passes. */
+  uint64_t saved_bytes;
 } fkt_sizes;
 
 FKT_API const char* fkt_last_error(void);

@@ -81,8 +81,9 @@ class Prepared(NamedTuple):
 
 
 class ForwardResult(NamedTuple):
-    """What the forward returns. ``saved`` is the workspace the backward reads instead of
-    recomputing (``disable_recompute`` on the CUDA backend), None otherwise; ``prepared`` goes to
+    """What the forward returns. ``saved`` is what the backward reads: the workspace, instead of
+    recomputing (``disable_recompute`` on the CUDA backend), or the states entering the time segments
+    of a backward run in segments (``fkt_sizes.saved_bytes``, CUDA), else None; ``prepared`` goes to
     the backward of the same inputs."""
 
     o: Any
@@ -252,11 +253,12 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
         tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
         h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
     workspace = call.buffer(sizes.forward_workspace_bytes)
-    outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace))
+    saved = call.buffer(sizes.saved_bytes)
+    outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace, saved))
     _lib.check(_lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream()))
     if not sizes.backward_reads_forward_workspace:
-        return ForwardResult(o, final_state, h, None, call.prepared())
-    _USED_WORKSPACES.discard(outs.fields[-1].data)
+        return ForwardResult(o, final_state, h, saved, call.prepared())
+    _USED_WORKSPACES.discard(outs.fields[_lib.FORWARD_OUTPUT_NAMES.index("workspace")].data)
     return ForwardResult(o, final_state, h, workspace, call.prepared())
 
 
@@ -291,8 +293,8 @@ WORKSPACE_USED = ("disable_recompute=True: a backward already ran on this forwar
 def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None,
              prepared: Optional[Prepared] = None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved`` is the
-    forward's ``ForwardResult.saved`` (read, not recomputed, when the backend keeps it; once),
-    ``prepared`` its ``ForwardResult.prepared`` (or None)."""
+    forward's ``ForwardResult.saved`` (a kept workspace serves one backward), ``prepared`` its
+    ``ForwardResult.prepared`` (or None)."""
     call = Call(fw, cfg, inputs, prepared)
     sizes = call.sizes()
     if sizes.backward_reads_forward_workspace:
@@ -302,18 +304,21 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
         address = fw.describe(saved).data
         if address in _USED_WORKSPACES:
             raise RuntimeError(WORKSPACE_USED)
-        workspace = saved
+        workspace, kept = saved, None
     else:
-        workspace = call.buffer(sizes.backward_workspace_bytes)
+        if sizes.saved_bytes and saved is None:
+            raise ValueError("the CUDA backward runs in time segments from the states its forward kept; pass the "
+                             "forward's saved states (ForwardResult.saved)")
+        workspace, kept = call.buffer(sizes.backward_workspace_bytes), saved if sizes.saved_bytes else None
     grads = _grads(fw, cfg, inputs)
-    _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward)
+    _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward, kept=kept)
     if sizes.backward_reads_forward_workspace:
         _USED_WORKSPACES.add(address)
     return grads
 
 
-def _call_backward(call: Call, workspace, d_o, d_final_state, grads, fn, gold=False):
-    io = describe_all(call.fw, _lib.BACKWARD_IO_NAMES, (d_o, d_final_state, *grads, workspace))
+def _call_backward(call: Call, workspace, d_o, d_final_state, grads, fn, gold=False, kept=None):
+    io = describe_all(call.fw, _lib.BACKWARD_IO_NAMES, (d_o, d_final_state, *grads, workspace, kept))
     if gold:
         _lib.check(fn(call.described.address, ctypes.byref(call.options), io.address))
     else:

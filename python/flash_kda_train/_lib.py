@@ -38,9 +38,9 @@ class Options(ctypes.Structure):
 # table of fkt_tensor pointers, in these orders, is the ABI's fkt_inputs, fkt_forward_outputs and
 # fkt_backward_io; they and single tensors are passed by address (c_void_p).
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu")
-FORWARD_OUTPUT_NAMES = ("o", "final_state", "intermediate_states", "workspace")
+FORWARD_OUTPUT_NAMES = ("o", "final_state", "intermediate_states", "workspace", "saved")
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
-BACKWARD_IO_NAMES = ("d_o", "d_final_state", *GRAD_NAMES, "workspace")
+BACKWARD_IO_NAMES = ("d_o", "d_final_state", *GRAD_NAMES, "workspace", "saved")
 
 
 class Sizes(ctypes.Structure):
@@ -51,6 +51,7 @@ class Sizes(ctypes.Structure):
         ("num_chunks", _c_int64),
         ("backend", _c_int32),
         ("backward_reads_forward_workspace", _c_int32),
+        ("saved_bytes", _c_uint64),
     ]
 
 

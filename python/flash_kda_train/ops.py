@@ -39,12 +39,26 @@ def _final_state_or_empty(final_state: Optional[Tensor], q: Tensor) -> Tensor:
     return final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q))
 
 
+def _segment_states_bytes(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int, backend: str) -> int:
+    """fkt_sizes.saved_bytes of a recomputing call, for the fake: on CUDA the fp32 states entering all
+    but the first of the time segments of dense inputs (cuda/sm90/segments.hpp, time_segments: up to
+    three of at least eight chunks). test_cuda_backward checks it against the library's."""
+    if cu_seqlens is not None or backend == "cpu" or q.device.type != "cuda":
+        return 0
+    chunks = -(-q.shape[1] // chunk_size)
+    count = min(3, chunks // 8)
+    if count < 2:
+        return 0
+    count = -(-chunks // -(-chunks // count))  # ranges of ceil(chunks / count) chunks
+    return (count - 1) * q.shape[0] * v.shape[2] * q.shape[-1] * v.shape[-1] * 4
+
+
 def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
              dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
              cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
              flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    """(o, final state or empty, the workspace the backward reads or empty: disable_recompute on CUDA).
-    The body of the custom op chunk_kda_fwd."""
+    """(o, final state or empty, what the backward reads or empty: the workspace with disable_recompute
+    on CUDA, or the states entering its time segments). The body of the custom op chunk_kda_fwd."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     o, final_state, _, saved, _ = _core.forward(cfg, inputs, output_final_state)
@@ -58,9 +72,10 @@ chunk_kda_fwd = torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", _forward
 def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound, chunk_size,
       flags, output_final_state, backend):
     state_dtype = _core.state_dtype(q)
-    disable_recompute = flags[5]
     # The kept workspace's size depends on the offsets' values (chunks per sequence): data-dependent.
-    saved = q.new_empty(torch.library.get_ctx().new_dynamic_size() if disable_recompute else 0, dtype=torch.uint8)
+    saved_bytes = torch.library.get_ctx().new_dynamic_size() if flags[5] else _segment_states_bytes(
+        q, v, cu_seqlens, chunk_size, backend)
+    saved = q.new_empty(saved_bytes, dtype=torch.uint8)
     o = v.new_empty(v.shape, dtype=q.dtype)
     if not output_final_state:
         return o, q.new_empty(0, dtype=state_dtype), saved

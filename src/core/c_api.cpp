@@ -43,7 +43,8 @@ int fkt_plan_sizes(const fkt_inputs* in, const fkt_options* opt, fkt_sizes* size
               p.N,
               p.num_chunks,
               p.backend == fkt::Backend::kCpu ? FKT_BACKEND_CPU : FKT_BACKEND_CUDA,
-              p.keep_forward ? 1 : 0};
+              p.keep_forward ? 1 : 0,
+              s.saved_bytes};
   });
 }
 
@@ -52,7 +53,7 @@ int fkt_forward(const fkt_inputs* in, const fkt_options* opt, fkt_forward_output
     FKT_CHECK(out != nullptr) << "outputs must not be null";
     const fkt::Problem p = checked_problem(in, opt);
     const fkt::BackendSizes s = fkt::plan_sizes(p);
-    fkt::check_forward_outputs(p, *out, s.forward_workspace_bytes);
+    fkt::check_forward_outputs(p, *out, s.forward_workspace_bytes, s.saved_bytes);
     fkt::run_forward(p, *out, stream);
   });
 }
@@ -62,7 +63,7 @@ int fkt_backward(const fkt_inputs* in, const fkt_options* opt, fkt_backward_io* 
     FKT_CHECK(io != nullptr) << "backward arguments must not be null";
     const fkt::Problem p = checked_problem(in, opt);
     const fkt::BackendSizes s = fkt::plan_sizes(p);
-    fkt::check_backward_io(p, *io, s.backward_workspace_bytes, false);
+    fkt::check_backward_io(p, *io, s.backward_workspace_bytes, s.saved_bytes, false);
     fkt::run_backward(p, *io, stream);
   });
 }
@@ -79,7 +80,7 @@ int fkt_gold_backward(const fkt_inputs* in, const fkt_options* opt, fkt_backward
   return fkt::guarded([&] {
     FKT_CHECK(io != nullptr) << "backward arguments must not be null";
     const fkt::Problem p = cpu_problem(in, opt);
-    fkt::check_backward_io(p, *io, 0, true);
+    fkt::check_backward_io(p, *io, 0, 0, true);
     fkt::cpu::gold_backward(p, *io);
   });
 }

@@ -294,7 +294,8 @@ void expect_d_o(const Problem& p, const fkt_tensor* raw) {
       << "d_o: expected the shape of o " << shape_str({p.B, p.T, p.HV, p.V}) << ", got " << d_o.shape_str();
 }
 
-void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes) {
+void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes,
+                           uint64_t saved_bytes) {
   FKT_CHECK(out.o != nullptr) << "o: the output tensor is required";
   expect_output(out.o, "o", {p.B, p.T, p.HV, p.V}, p.input_dtype, p.device);
   if (out.final_state) expect_output(out.final_state, "final_state", p.state_shape(), p.state_dtype(), p.device);
@@ -304,6 +305,7 @@ void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uin
     expect_output(out.intermediate_states, "intermediate_states", shape, p.input_dtype, p.device);
   }
   expect_buffer(out.workspace, "workspace", workspace_bytes, p.device);
+  expect_buffer(out.saved, "saved", saved_bytes, p.device);
 }
 
 void check_gold_forward_outputs(const Problem& p, const fkt_tensor* o, const fkt_tensor* final_state) {
@@ -312,7 +314,8 @@ void check_gold_forward_outputs(const Problem& p, const fkt_tensor* o, const fkt
   if (final_state) expect_output(final_state, "final_state", p.state_shape(), DType::kF64, p.device);
 }
 
-void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes, bool f64) {
+void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes, uint64_t saved_bytes,
+                       bool f64) {
   expect_d_o(p, io.d_o);
   if (io.d_final_state) {
     TensorRef d_ht(io.d_final_state, "d_final_state");
@@ -341,6 +344,7 @@ void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t wor
     expect_output(io.dh0, "dh0", p.state_shape(), out_dtype(p.state_dtype(), f64), p.device);
   }
   expect_buffer(io.workspace, "workspace", workspace_bytes, p.device);
+  expect_buffer(io.saved, "saved", saved_bytes, p.device);
 }
 
 }  // namespace fkt

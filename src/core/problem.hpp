@@ -60,9 +60,11 @@ struct Problem {
 // Validates the inputs and options; throws fkt::Error naming what is wrong and what is expected.
 Problem make_problem(const fkt_inputs& in, const fkt_options& opt);
 
-// Output and workspace checks. `output_dtype_f64` is set for the gold oracle, whose outputs are float64.
-void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes);
-void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes,
+// Output, workspace and saved-buffer checks. `output_dtype_f64` is set for the gold oracle, whose
+// outputs are float64.
+void check_forward_outputs(const Problem& p, const fkt_forward_outputs& out, uint64_t workspace_bytes,
+                           uint64_t saved_bytes);
+void check_backward_io(const Problem& p, const fkt_backward_io& io, uint64_t workspace_bytes, uint64_t saved_bytes,
                        bool output_dtype_f64);
 // A caller-owned contiguous, aligned uint8 buffer of at least `bytes` on `device` (none needed at 0).
 void expect_buffer(const fkt_tensor* raw, const char* name, uint64_t bytes, const fkt_device& device);

@@ -17,7 +17,7 @@ BackendSizes plan_sizes(const Problem& p) {
     const cpu::Sizes s = cpu::plan_sizes(p);
     return {s.forward_workspace_bytes, s.backward_workspace_bytes};
   }
-  return {cuda::forward_workspace_bytes(p), cuda::backward_workspace_bytes(p)};
+  return {cuda::forward_workspace_bytes(p), cuda::backward_workspace_bytes(p), cuda::saved_bytes(p)};
 }
 
 void run_forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {

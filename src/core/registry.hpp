@@ -10,6 +10,7 @@ namespace fkt {
 struct BackendSizes {
   uint64_t forward_workspace_bytes = 0;
   uint64_t backward_workspace_bytes = 0;
+  uint64_t saved_bytes = 0;  // fkt_sizes.saved_bytes
 };
 
 // Throws fkt::Error naming the unsupported feature when p.backend cannot run p.

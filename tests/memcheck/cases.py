@@ -1,5 +1,6 @@
 """Forward and backward of the CUDA backend on small shapes that reach every padding and tail path
-(odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts), and
+(odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts, head
+groups and time segments of the backward), and
 the context-parallel summaries and fold on the same shapes, for compute-sanitizer
 (scripts/memcheck.sh). Exits non-zero if an output is not finite."""
 
@@ -19,6 +20,10 @@ CASES = [
     dict(B=1, T=90, H=1, HV=2, K=30, V=13),
     # Enough sequences x heads for fwd_state's wgmma pass to take 64-column V-tiles (288 blocks).
     dict(B=1, T=400, H=8, HV=16, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 130, 200, 257, 300, 333, 400]),
+    # The backward in two time segments (cuda/sm90/segments.hpp): 19 and 18 chunks, the last range
+    # ending inside a chunk, on the mma.sync and the wgmma passes.
+    dict(B=2, T=600, H=1, HV=2, K=64, V=72, chunk_size=32),
+    dict(B=2, T=1100, H=1, HV=2, K=128, V=128),
 ]
 
 

@@ -299,3 +299,85 @@ def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gv
     head_dim = {"q": 2, "k": 2, "v": 2, "g": 2, "beta": 2, "initial_state": 1, "A_log": 0, "dt_bias": 0}
     for name, grad in whole.items():
         assert torch.equal(torch.cat([half[name] for half in halves], dim=head_dim[name]), grad), name
+
+
+# (dtype, B, T, query/key heads per value head, l2norm): time segments of dense inputs
+# (cuda/sm90/segments.hpp): 18 chunks in two ranges of nine, the last ending inside a chunk; 64
+# chunks in three (22, 22, 20); bf16 on the wgmma passes, float16 on the mma.sync passes.
+SEGMENT_CASES = [(torch.bfloat16, 2, 1100, 1, False), (torch.bfloat16, 1, 4096, 2, True),
+                 (torch.float16, 2, 1100, 2, True)]
+
+
+@pytest.mark.parametrize("dtype,B,T,gva,l2norm", SEGMENT_CASES, ids=["bf16-2", "bf16-4-gva-l2norm", "fp16-2"])
+def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, gva, l2norm):
+    """A dense call of many chunks runs its backward in time segments from the states its forward
+    kept, in one segment's workspace; the same tokens as packed sequences run in one pass. The
+    forward is the same bit for bit, and every gradient of the segments is as close to the fp64 gold
+    as the one pass's (they differ by the rounding of the state gradients handed between segments
+    and the order of the parameter gradients' sums)."""
+    from flash_kda_train import _abi
+
+    HV, K = 4, 128
+    H = HV // gva
+    torch.manual_seed(0)
+    x = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True, requires_grad=False)
+    do = torch.randn(x["v"].shape).to(dtype)
+    dht = torch.randn(x["initial_state"].shape)
+    sizes = []
+    planned = _abi.Call.sizes
+
+    def recorded(call):
+        s = planned(call)
+        sizes.append((s.backward_workspace_bytes, s.saved_bytes))
+        return s
+
+    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+    kw = dict(use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True, use_qk_l2norm_in_kernel=l2norm,
+              output_final_state=True)
+
+    def step(packed):
+        shape = (lambda t: t.reshape(1, B * T, *t.shape[2:])) if packed else (lambda t: t)
+        leaves = {n: shape(x[n]).cuda().requires_grad_() for n in ("q", "k", "v", "g", "beta")}
+        leaves.update({n: x[n].cuda().requires_grad_() for n in ("initial_state", "A_log", "dt_bias")})
+        cu = torch.arange(0, (B + 1) * T, T, device="cuda") if packed else None
+        o, ht = fkt.chunk_kda(**leaves, cu_seqlens=cu, **kw)
+        torch.autograd.backward([o, ht], [shape(do).cuda(), dht.cuda()])
+        return {"o": o.detach().reshape(x["v"].shape).cpu(), "final_state": ht.detach().cpu(),
+                **{n: t.grad.reshape(x[n].shape).cpu() for n, t in leaves.items()}}
+
+    segmented, one_pass = step(False), step(True)
+    (segmented_ws, kept), (one_pass_ws, none) = sizes[0], sizes[-1]
+    chunks = -(-T // 64)
+    count = -(-chunks // -(-chunks // min(3, chunks // 8)))
+    assert kept == (count - 1) * B * HV * K * K * 4 and none == 0, sizes
+    assert segmented_ws < 1.2 * one_pass_ws / count, (segmented_ws, one_pass_ws)
+    for name in ("o", "final_state"):
+        assert torch.equal(segmented[name], one_pass[name]), name
+    _, _, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=do, dht=dht,
+                                    initial_state=x["initial_state"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                    use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True,
+                                    use_qk_l2norm_in_kernel=l2norm, output_final_state=True)
+    names = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", initial_state="dh0", A_log="dA_log",
+                 dt_bias="ddt_bias")
+    for leaf, grad in names.items():
+        ref = getattr(gold, grad)
+        err_segmented, err_one_pass = rel_rms(segmented[leaf], ref), rel_rms(one_pass[leaf], ref)
+        assert err_segmented <= 1.05 * err_one_pass + 1e-6, (grad, err_segmented, err_one_pass)
+        assert rel_rms(segmented[leaf], one_pass[leaf]) <= 0.1 * err_one_pass + 1e-6, grad
+
+
+@pytest.mark.parametrize("T,packed,disable_recompute", [(100, False, False), (1024, False, False),
+                                                         (1100, False, False), (2048, False, False),
+                                                         (5000, False, False), (2048, True, False)])
+def test_fake_saved_size_is_the_library_s(T, packed, disable_recompute):
+    """torch.compile plans chunk_kda_fwd's third output (the states the time segments start from)
+    with the fake implementation's size, which mirrors the library's plan."""
+    x = make_inputs(B=1 if packed else 2, T=T, H=2, K=16, V=16, gate_in_kernel=True, requires_grad=False)
+    cuda = {n: t.cuda() if t is not None else None for n, t in x.items()}
+    cu = torch.tensor([0, T // 3, T], device="cuda") if packed else None
+    fwd = (cuda["q"], cuda["k"], cuda["v"], cuda["g"], cuda["beta"], cuda["A_log"], cuda["dt_bias"], None, cu,
+           cu.cpu() if packed else None, 0.25, None, 64, [False, True, False, False, False, disable_recompute, False],
+           True, "auto")
+    _, _, saved = torch.ops.flash_kda_train.chunk_kda_fwd(*fwd)
+    from flash_kda_train.ops import _segment_states_bytes
+    assert saved.numel() == _segment_states_bytes(cuda["q"], cuda["v"], cu, 64, "auto")

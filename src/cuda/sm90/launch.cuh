@@ -174,6 +174,7 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
   params.K = static_cast<int32_t>(p.K);
   params.V = static_cast<int32_t>(p.V);
   params.chunk = p.chunk;
+  params.io_T = p.T;
   params.io_H = params.H;
   params.io_HV = params.HV;
   return params;

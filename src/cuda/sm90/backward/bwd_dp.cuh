@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   float* P = delta + C * ldv;                             // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
-  const int64_t io_first = (c.first_row * f.io_HV + head) * V, io_v = static_cast<int64_t>(f.io_HV) * V;  // dO
+  const int64_t io_first = (c.io_row * f.io_HV + head) * V, io_v = static_cast<int64_t>(f.io_HV) * V;  // dO
   // Rows past the chunk's end and columns past V are zero.
   const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
   copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, stride_v, C, Vp, l, V);

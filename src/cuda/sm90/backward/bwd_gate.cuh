@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
   // The chunk's rows, read below a batch at a time from the last: asked into L2 at once.
   // Rows of dgamma (the workspace's heads) and of g and dg (io_HV heads as given).
   const int64_t first = (c.first_row * f.HV + head) * K, stride = static_cast<int64_t>(f.HV) * K;
-  const int64_t io_first = (c.first_row * f.io_HV + head) * K, io_stride = static_cast<int64_t>(f.io_HV) * K;
+  const int64_t io_first = (c.io_row * f.io_HV + head) * K, io_stride = static_cast<int64_t>(f.io_HV) * K;
   prefetch_rows_l2(p.ws.dgamma + first, 4 * stride, l, 4 * K);
   if (in_kernel) {
     constexpr int kBytes = sizeof(GT);
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
 
   if (p.dbeta) {
     for (int r = tid; r < l; r += nthreads) {
-      const int64_t io_at = (c.first_row + r) * f.io_HV + head;
+      const int64_t io_at = (c.io_row + r) * f.io_HV + head;
       float grad = p.ws.dbeta[(c.first_row + r) * f.HV + head];
       if (f.beta_mode != BetaMode::kPlain) {
         const float sig = sigmoid(load_float(f.beta, f.beta_dtype, io_at));

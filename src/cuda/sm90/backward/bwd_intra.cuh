@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   copy_rows_async(scratch, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
   copy_rows_async(g, ldg, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   const int qk_head = head / (f.HV / f.H);
-  const int64_t stride_qk = static_cast<int64_t>(f.io_H) * K, qk_first = (c.first_row * f.io_H + qk_head) * K;
+  const int64_t stride_qk = static_cast<int64_t>(f.io_H) * K, qk_first = (c.io_row * f.io_H + qk_head) * K;
   const Qk* q_in = static_cast<const Qk*>(f.q) + qk_first;
   const Qk* k_in = static_cast<const Qk*>(f.k) + qk_first;
   if constexpr (Cfg::kNarrow) {
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
     constexpr int kBatch = 2;
     const int64_t first = row_at(R0) * K + d;  // row r of the sub-chunk is r * stride_k further
     // The same in dq and dk as given (qk_in_intra: query/key heads are the value heads).
-    const int64_t io_first = ((c.first_row + R0) * f.io_HV + head) * K + d, io_k = static_cast<int64_t>(f.io_HV) * K;
+    const int64_t io_first = ((c.io_row + R0) * f.io_HV + head) * K + d, io_k = static_cast<int64_t>(f.io_HV) * K;
 #pragma unroll
     for (int r0 = 0; r0 < 16; r0 += kBatch) {
       float3 old[kBatch];

@@ -35,7 +35,10 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
   const int64_t row = static_cast<int64_t>(blocks) * kWarps + s / f.H;
   if (row >= token_rows(f)) return;  // the whole warp leaves together
   const int head = static_cast<int>(s % f.H), lane = threadIdx.x % 32, K = f.K, G = f.HV / f.H;
-  const int64_t io_row = (row * f.io_H + head) * K;  // the row's first element in q, k, dq and dk as given
+  // The row's first element in q, k, dq and dk as given: row b * T + t is b * io_T + t there (dense;
+  // 32-bit division: B * T < 2^31).
+  const int64_t io_token = f.io_T == f.T ? row : row + (static_cast<uint32_t>(row) / static_cast<uint32_t>(f.T)) * (f.io_T - f.T);
+  const int64_t io_row = (io_token * f.io_H + head) * K;
 
   // dk's operands, read once dq is stored: asked into L2 now (one line per lane).
   if (p.dk != nullptr) {

@@ -58,7 +58,7 @@ __device__ __forceinline__ void bwd_state_pass(const BackwardParams& p, int64_t 
   const int64_t chunks = ceil_div(seq.length, C), stride_k = static_cast<int64_t>(f.HV) * K;
   auto rows_of = [&](int64_t j) { return static_cast<int>(min(static_cast<int64_t>(C), seq.length - j * C)); };
   auto row_of = [&](int64_t j) { return (seq.first_row + j * C) * f.HV + head; };  // chunk's first (token, head) row
-  auto io_row_of = [&](int64_t j) { return (seq.first_row + j * C) * f.io_HV + head; };  // the same in dO
+  auto io_row_of = [&](int64_t j) { return (seq.io_row + j * C) * f.io_HV + head; };  // the same in dO
   const int64_t io_v = static_cast<int64_t>(f.io_HV) * V;
   // Group A: K_down of chunk j; group B: Q_up, W, gamma_L and a 16-bit dO. Rows past the end and
   // padding are zero.

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
       tma_load(smem + L::w + h * kBox, params.w, update_ready, 64 * h, b.head, b.token(j));
       tma_load(smem + L::qu + h * kBox, params.q_up, update_ready, 64 * h, b.head, b.token(j));
     }
-    tma_load(smem + L::d_o, params.d_o, update_ready, b.e0, b.head, b.token(j));
+    tma_load(smem + L::d_o, params.d_o, update_ready, b.e0, b.head, b.io_token(j));
   };
   // The intra part of chunk j's d_delta^T into the accumulator's layout (value column v0 + r, chunk
   // row col); rows past the chunk's end are zero.

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
-  auto io_at = [&](int r) { return (c.first_row + r) * f.io_HV + head; };  // the same in v, dO and dv
+  auto io_at = [&](int r) { return (c.io_row + r) * f.io_HV + head; };  // the same in v, dO and dv
   const int64_t io_v = static_cast<int64_t>(f.io_HV) * V;
   // Warp tiles of a [C, width] output: 16 rows x 32 columns, at most 16 of them (C, width <= 128).
   constexpr int kCols = WyInterConfig::kCols, kN = kCols / 8;
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   const bool qk_vector = vector && reinterpret_cast<uintptr_t>(f.q) % (4 * qk_bytes) == 0 &&
                          reinterpret_cast<uintptr_t>(f.k) % (4 * qk_bytes) == 0;
   auto qk_row = [&](int r) { return (c.first_row + r) * f.H + qk_head; };  // in the row scales
-  auto io_qk_row = [&](int r) { return (c.first_row + r) * f.io_H + qk_head; };  // in q and k
+  auto io_qk_row = [&](int r) { return (c.io_row + r) * f.io_H + qk_head; };  // in q and k
   // kTf32 runs for bf16 inputs only (products_for), so q and k are bf16 there: typed loads.
   auto hat4 = [&](const void* x, const float* scale, int r, int d, int n) {
     if (n <= 0) return float4{0.f, 0.f, 0.f, 0.f};

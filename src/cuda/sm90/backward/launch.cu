@@ -1,6 +1,6 @@
 // Host side of the CUDA backward: recompute the forward intermediates (F1 to F4, keeping T and the
 // activated inputs) unless the forward kept them (keep_forward), then B1 to B8 and the
-// parameter-gradient reduction, for all heads or one head group after the other (head_groups.hpp).
+// parameter-gradient reduction, for the whole call or its parts one after the other (views.hpp).
 // No allocation, no copy and no synchronisation: everything is enqueued on the caller's stream.
 #include <cmath>
 #include <cstdint>
@@ -16,20 +16,57 @@
 #include "cuda/sm90/backward/bwd_state.cuh"
 #include "cuda/sm90/backward/bwd_state_wgmma.cuh"
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
-#include "cuda/sm90/backward/head_groups.hpp"
+#include "cuda/sm90/backward/views.hpp"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace fkt::cuda {
 namespace {
 
-BackwardParams make_params(const Problem& p, const fkt_backward_io& io) {
-  Carver carver(TensorRef(io.workspace, "workspace").bytes());
-  BackwardParams params{};
+// The arrays of the time segments, after one segment's workspace: the gradients of the states
+// between segments, handed from a segment to the one before (two buffers, in turn), and every
+// segment's parameter-gradient partials (one array over the call's chunks, reduced once).
+struct SegmentArrays {
+  float* carry[2];
+  double* dA_log_parts;
+  double* ddt_bias_parts;
+};
+
+// The backward's workspace: that of `part` (one time segment, one head group, or the whole call),
+// then, with time segments, their arrays. One layout for sizing and for the run.
+struct BackwardLayout {
+  ForwardWorkspace fwd;
+  BackwardWorkspace bwd;
+  SegmentArrays segments;
+};
+
+// The part of p whose workspace the backward carves.
+Problem workspace_problem(const Problem& p) {
+  const TimeSegments segments = time_segments(p);
+  if (segments.count > 1) return segment_problem(p, segments.length);
+  return head_group_problem(p, backward_head_groups(p));
+}
+
+BackwardLayout carve_backward(Carver& m, const Problem& p) {
   const int bytes = operand_bytes(products_for(p));
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(carver, p, true, bytes);
-  params.fwd = forward_params(p, fwd);
-  params.ws = BackwardWorkspace::carve(carver, p, fwd, bytes);
+  const Problem part = workspace_problem(p);
+  BackwardLayout layout{};
+  layout.fwd = ForwardWorkspace::carve(m, part, true, bytes);
+  layout.bwd = BackwardWorkspace::carve(m, part, layout.fwd, bytes);
+  if (time_segments(p).count > 1) {
+    const int64_t chunks = ForwardWorkspace::chunks(p);
+    for (float*& carry : layout.segments.carry) carry = m.take<float>(segment_state_elements(p));
+    layout.segments.dA_log_parts = m.take<double>(chunks * p.HV);
+    layout.segments.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
+  }
+  return layout;
+}
+
+// The stages' arguments for p over the workspace arrays of `layout` and the call's tensors in io.
+BackwardParams make_params(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout) {
+  BackwardParams params{};
+  params.fwd = forward_params(p, layout.fwd);
+  params.ws = layout.bwd;
   const TensorRef d_o(io.d_o, "d_o");
   params.d_o = d_o.bytes();
   params.d_o_dtype = d_o.dtype;
@@ -64,13 +101,13 @@ void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
 // bwd_state_wgmma's arguments: the tensor maps of the rows it reads, in boxes of one chunk's tokens.
 BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params) {
   const ForwardWorkspace& ws = params.fwd.ws;
-  const int64_t tokens = p.B * p.T;
+  const int64_t tokens = p.B * p.T, io_tokens = (p.B - 1) * params.fwd.io_T + p.T;  // dO: a view's rows
   BwdStateWgmmaParams wgmma{};
   wgmma.p = params;
   wgmma.k_down = row_tensor_map(ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.w = row_tensor_map(ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.q_up = row_tensor_map(ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, tokens, p.chunk, params.fwd.io_HV * p.V);
+  wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, io_tokens, p.chunk, params.fwd.io_HV * p.V);
   return wgmma;
 }
 
@@ -118,18 +155,26 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
     }
     const ForwardWorkspace& ws = params.fwd.ws;
     const int64_t tokens = p.B * p.T, chunks = ForwardWorkspace::chunks(p);
+    const int64_t io_tokens = (p.B - 1) * params.fwd.io_T + p.T;  // dO: a view's rows
     args.states = block_tensor_map(ws.states, DType::kF32, V, p.HV * K, chunks, K);
     args.d_states = block_tensor_map(params.ws.d_states, DType::kF32, V, p.HV * K, chunks, K);
     args.delta = row_tensor_map(ws.delta, DType::kF32, V, p.HV, V, tokens, C);
     args.d_delta = row_tensor_map(params.ws.d_delta, DType::kF32, V, p.HV, V, tokens, C);
-    args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, tokens, C, params.fwd.io_HV * V);
+    args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, io_tokens, C, params.fwd.io_HV * V);
   }
   launch(bwd_wy_inter_kernel<kP, Dims, DoT>, per_chunk, WyInterConfig::kThreads,
          WyInterLayout::bytes(C, K, V, kBf16DoAtCommonShape<Dims, DoT>), s, args);
 }
 
-// B0 to B8 of the heads of p (a head group's problem and params, or the call's).
-void backward_heads(const Problem& p, const BackwardParams& params, void* stream) {
+// B7's reduction: dA_log and ddt_bias from the partials of every chunk, in a fixed order.
+void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+  if (p.gate == GateMode::kPrecomputed || !(params.dA_log || params.ddt_bias)) return;
+  launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
+         BwdParamsConfig::smem_bytes(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)), s, params);
+}
+
+// B0 to B8 of p (a part's problem and params, or the call's).
+void backward_part(const Problem& p, const BackwardParams& params, void* stream) {
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
@@ -175,20 +220,45 @@ void backward_heads(const Problem& p, const BackwardParams& params, void* stream
     launch(bwd_prepare_kernel, dim3(tiles(qk_rows, BwdPrepareConfig::kWarps)), BwdPrepareConfig::kThreads,
            BwdPrepareConfig::smem_bytes(C, K, V), s, params);
   }
-  if (p.gate != GateMode::kPrecomputed && (params.dA_log || params.ddt_bias)) {
-    launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
-           BwdParamsConfig::smem_bytes(C, K, V), s, params);
+  reduce_parameter_gradients(p, params, s);
+}
+
+// The time segments from the last (segments.hpp): segment s starts from the state the forward kept
+// for it (the initial state for the first) and from the gradient of the state leaving it (the
+// later segment's dh0, or d_final_state for the last), and writes its rows of every gradient. The
+// parameter-gradient partials of segment s fill the chunk rows after those of the earlier ones,
+// reduced once at the end.
+void backward_segments(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout, void* stream) {
+  const TimeSegments segments = time_segments(p);
+  const SegmentArrays& arrays = layout.segments;
+  const float* kept = reinterpret_cast<const float*>(TensorRef(io.saved, "saved").bytes());
+  const int64_t states = segment_state_elements(p), last = segments.count - 1;
+  const int64_t segment_chunks = p.B * (segments.length / p.chunk);  // of each but the last
+  for (int64_t s = last; s >= 0; --s) {
+    const int64_t t0 = segments.begin(s);
+    const Problem part = segment_problem(p, segments.size(s, p.T));
+    BackwardParams params = view_params(make_params(part, io, layout), p, t0 * p.H, t0 * p.HV, 0);
+    if (s > 0) params.fwd.initial_state = kept + (s - 1) * states;
+    if (s < last) params.d_final_state = arrays.carry[(s + 1) % 2];
+    if (s > 0) params.dh0 = arrays.carry[s % 2];
+    params.ws.dA_log_parts = arrays.dA_log_parts + s * segment_chunks * p.HV;
+    params.ws.ddt_bias_parts = arrays.ddt_bias_parts + s * segment_chunks * p.HV * p.K;
+    params.dA_log = params.ddt_bias = nullptr;  // reduced below
+    backward_part(part, params, stream);
   }
+  BackwardParams call = make_params(p, io, layout);
+  call.ws.dA_log_parts = arrays.dA_log_parts;
+  call.ws.ddt_bias_parts = arrays.ddt_bias_parts;
+  const DeviceGuard device(p.device.device_id);
+  reduce_parameter_gradients(p, call, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace
 
-// One head group's workspace (head_groups.hpp), used by each group in turn.
+// One part's workspace (views.hpp), used by each part in turn, and the time segments' arrays.
 uint64_t backward_workspace_bytes(const Problem& p) {
   Carver measure;
-  const int bytes = operand_bytes(products_for(p));
-  const Problem part = head_group_problem(p, backward_head_groups(p));
-  BackwardWorkspace::carve(measure, part, ForwardWorkspace::carve(measure, part, true, bytes), bytes);
+  carve_backward(measure, p);
   return measure.bytes();
 }
 
@@ -196,12 +266,14 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   FKT_CHECK(TensorRef(io.d_o, "d_o").contiguous()) << "d_o: the CUDA backend reads a contiguous gradient";
   FKT_CHECK(!io.d_final_state || TensorRef(io.d_final_state, "d_final_state").contiguous())
       << "d_final_state: the CUDA backend reads a contiguous gradient";
+  Carver carver(TensorRef(io.workspace, "workspace").bytes());
+  const BackwardLayout layout = carve_backward(carver, p);
+  if (time_segments(p).count > 1) return backward_segments(p, io, layout, stream);
   const int groups = backward_head_groups(p);
-  if (groups == 1) return backward_heads(p, make_params(p, io), stream);
   const Problem part = head_group_problem(p, groups);
-  const BackwardParams params = make_params(part, io);
+  const BackwardParams params = make_params(part, io, layout);
   for (int group = 0; group < groups; ++group) {
-    backward_heads(part, head_group_params(params, p, part, group), stream);
+    backward_part(part, view_params(params, p, group * part.H, group * part.HV, group * part.HV), stream);
   }
 }
 

@@ -59,6 +59,7 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
   __syncthreads();
   if (tid == 0) {  // tile i on barrier i, dO's box of tiles 2h and 2h + 1 on barrier 2h
     const int token = static_cast<int>(c.first_row), state_row = head * K, block = static_cast<int>(chunk);
+    const int io_token = static_cast<int>(c.io_row);  // in dO's map
     for (int i = 0; i < L::kTiles; ++i) {
       char* const tile = smem + i * L::kTileBytes;
       const int col = i * L::kCols;
@@ -67,7 +68,7 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
       tma_load(tile + L::ds, params.d_states, ready + i, col, state_row, block);
       tma_load(tile + L::delta, params.delta, ready + i, col, head, token);
       tma_load(tile + L::d_delta, params.d_delta, ready + i, col, head, token);
-      if (i % 2 == 0) tma_load(smem + L::d_o + i / 2 * L::kDoBox, params.d_o, ready + i, col, head, token);
+      if (i % 2 == 0) tma_load(smem + L::d_o + i / 2 * L::kDoBox, params.d_o, ready + i, col, head, io_token);
     }
   }
   // acc += the tile's four k-steps (k-step ks: 32 bytes into the operands' rows), issued,

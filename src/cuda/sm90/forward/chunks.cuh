@@ -14,12 +14,13 @@ struct SequenceSpan {
   int64_t first_row;   // packed token row (b * T + t) of its first token
   int64_t length;
   int64_t first_chunk; // row of its first chunk in ws.states
+  int64_t io_row;      // the same in the tensors as given (b * io_T + t)
 };
 
 __device__ __forceinline__ SequenceSpan sequence_span(const ForwardParams& p, int64_t n) {
-  if (p.cu_seqlens == nullptr) return {n * p.T, p.T, n * p.chunks_per_row};
+  if (p.cu_seqlens == nullptr) return {n * p.T, p.T, n * p.chunks_per_row, n * p.io_T};
   const int64_t begin = offset_at(p, n);
-  return {begin, offset_at(p, n + 1) - begin, p.ws.chunk_offsets[n]};
+  return {begin, offset_at(p, n + 1) - begin, p.ws.chunk_offsets[n], begin};
 }
 
 struct ChunkSpan {
@@ -27,6 +28,7 @@ struct ChunkSpan {
   int64_t rows;       // valid rows l
   int64_t batch;      // batch row b (0 when varlen)
   int64_t index;      // chunk index inside its sequence
+  int64_t io_row;     // the same in the tensors as given (b * io_T + t)
 };
 
 // Chunk c of the packed chunk list (dense: row-major over batch rows; varlen: sequence order).
@@ -34,7 +36,7 @@ __device__ __forceinline__ ChunkSpan chunk_span(const ForwardParams& p, int64_t 
   if (p.cu_seqlens == nullptr) {
     const int64_t b = c / p.chunks_per_row, j = c % p.chunks_per_row;
     const int64_t first = j * p.chunk;
-    return {b * p.T + first, min(static_cast<int64_t>(p.chunk), p.T - first), b, j};
+    return {b * p.T + first, min(static_cast<int64_t>(p.chunk), p.T - first), b, j, b * p.io_T + first};
   }
   // The last sequence n with chunk_offsets[n] <= c; it has chunk_offsets[n + 1] > c, so empty
   // sequences (which share their offset with the next one) are never chosen.
@@ -47,7 +49,7 @@ __device__ __forceinline__ ChunkSpan chunk_span(const ForwardParams& p, int64_t 
   const int64_t j = c - p.ws.chunk_offsets[lo];
   const int64_t begin = offset_at(p, lo), end = offset_at(p, lo + 1);
   const int64_t first = begin + j * p.chunk;
-  return {first, min(static_cast<int64_t>(p.chunk), end - first), 0, j};
+  return {first, min(static_cast<int64_t>(p.chunk), end - first), 0, j, first};
 }
 
 // Element (d, e) of the state of (sequence n, value head) in a [N, HV, K, V] or [N, HV, V, K] tensor

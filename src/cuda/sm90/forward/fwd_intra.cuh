@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   float* scale_k = reinterpret_cast<float*>(smem_bytes + L.scale_k);
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
-  auto io_at = [&](int r) { return (c.first_row + r) * p.io_HV + head; };  // the same in g, v and beta
+  auto io_at = [&](int r) { return (c.io_row + r) * p.io_HV + head; };  // the same in g, v and beta
   // q_hat, k_hat (l2-normalised when asked) as fp32.
   auto q_at = [&](int r, int d) { return to_float(q[r * ldk + d]) * scale_q[r]; };
   auto k_at = [&](int r, int d) { return to_float(k[r * ldk + d]) * scale_k[r]; };
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.io_H) * K;
   const int64_t io_k = static_cast<int64_t>(p.io_HV) * K, io_v = static_cast<int64_t>(p.io_HV) * V;
-  const int64_t qk_first = (c.first_row * p.io_H + qk_head) * K;
+  const int64_t qk_first = (c.io_row * p.io_H + qk_head) * K;
   const DType g_dtype = p.gate.g_dtype;
   if (g_dtype == DType::kF32) {
     copy_rows_async(g, ldg, static_cast<const float*>(p.gate.g) + io_at(0) * K, io_k, C, Kp, l, K);

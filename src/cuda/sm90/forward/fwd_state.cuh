@@ -14,6 +14,7 @@
 #include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
+#include "cuda/sm90/forward/intermediate_states.cuh"
 #include "cuda/sm90/forward/state_config.hpp"
 
 namespace fkt::cuda {
@@ -76,9 +77,20 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   const DType states_dtype = p.ws.p_states_dtype;
   const bool states_paired = pairs_aligned(p.ws.states, states_dtype, V);
   const bool delta_paired = pairs_aligned(p.ws.delta, DType::kF32, V);
+  int64_t segment_start = first_segment_start(p);
   for (int64_t j = 0; j < chunks; ++j) {
     const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;
+    if (!kSummary && j == segment_start) {
+      if (owner) {
+        float* const kept = segment_states_at(p, j);
+        for_each_acc<true>(s, [&](int r, int col, float x) {
+          const int e = col0 + col;
+          if (row0 + r < K && e < width) kept[state_index(p, n, head, row0 + r, e0 + e)] = x;
+        });
+      }
+      segment_start += p.segment_chunks;
+    }
     if (owner) {
       // h_j: the mirror (every reader of it waited at the previous chunk's barriers) and the stores;
       // intermediate_states is [B, NT, HV, ...] with (b, j) flattening to the chunk row, as the states.

@@ -128,11 +128,22 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
     issue_values(0);
     issue_update(0);
   }
+  int64_t segment_start = first_segment_start(p);
   for (int64_t j = 0; j < b.chunks; ++j) {
     const int l = b.rows_of(j);
     const uint32_t parity = static_cast<uint32_t>(j & 1);
     char* const ops = unhoisted(smem);  // the products' operands
     const int64_t base = (b.first_state + j * p.HV) * K * V;  // h_j's [K, V] block
+    if (j == segment_start) {
+      float* const kept = segment_states_at(p, j);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        for_each_acc(s[h], [&](int r, int col, float x) {
+          kept[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x;
+        });
+      }
+      segment_start += p.segment_chunks;
+    }
     if (p.intermediate_states != nullptr) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

@@ -13,6 +13,7 @@
 #include "cuda/sm90/forward/fwd_output.cuh"
 #include "cuda/sm90/forward/fwd_state.cuh"
 #include "cuda/sm90/forward/fwd_state_wgmma.cuh"
+#include "cuda/sm90/segments.hpp"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace fkt::cuda {
@@ -160,8 +161,17 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
   });
 }
 
+uint64_t saved_bytes(const Problem& p) {
+  return static_cast<uint64_t>(time_segments(p).count - 1) * segment_state_elements(p) * sizeof(float);
+}
+
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
-  forward_stages(p, make_params(p, out), products_for(p), stream);
+  ForwardParams params = make_params(p, out);
+  if (const TimeSegments segments = time_segments(p); segments.count > 1) {
+    params.segment_states = reinterpret_cast<float*>(TensorRef(out.saved, "saved").bytes());
+    params.segment_chunks = segments.length / p.chunk;
+  }
+  forward_stages(p, params, products_for(p), stream);
 }
 
 // F1 to F3 write into the forward's own layout (nothing kept for a backward); the widened F4 keeps

@@ -20,6 +20,9 @@ struct ForwardParams {
   void* o;                    // [B, T, HV, V] contiguous, o_dtype
   float* final_state;         // like initial_state; may be nullptr
   void* intermediate_states;  // [B, NT, HV, K, V] (or V, K) in o_dtype; may be nullptr
+  // [segments - 1, N, HV, K, V] (or V, K) fp32: the state entering each time segment but the first
+  // (sm90/segments.hpp), which F4 writes when set; may be nullptr.
+  float* segment_states;
   ForwardWorkspace ws;
   DType qk_dtype, v_dtype, beta_dtype, o_dtype, offsets_dtype;
   BetaMode beta_mode;
@@ -28,12 +31,16 @@ struct ForwardParams {
   float scale;
   int64_t T, N;
   int64_t chunks_per_row;     // ceil(T / C): chunks of one dense batch row
+  int64_t segment_chunks;     // chunks of a time segment (with segment_states)
   int32_t H, HV, K, V, chunk;
   // Heads between the token rows of the inputs as given (q, k: io_H; v, beta, g, the states:
-  // io_HV), and of the backward's dO and gradients: the call's. Larger than H and HV when the
-  // backward runs on a group of the heads (backward/head_groups.hpp: the pointers at the group's
-  // first head, the workspace the group's alone). The forward's own outputs (o, intermediate_states)
-  // are written with io_H == H and io_HV == HV only.
+  // io_HV), and tokens between their batch rows (io_T), with the backward's dO and gradients: the
+  // call's. Larger than H, HV and T when the backward runs on a group of the heads
+  // (backward/head_groups.hpp) or on a time segment (sm90/segments.hpp): the pointers at the
+  // group's first head or the segment's first token, the workspace the group's or the segment's
+  // alone. The forward's own outputs (o, intermediate_states) are written with io_H == H,
+  // io_HV == HV and io_T == T only.
+  int64_t io_T;
   int32_t io_H, io_HV;
 };
 

@@ -37,6 +37,8 @@ struct WgmmaStateBlock {
   // Chunk j's first token row in the [B*T, HV, .] tensors that the passes' tensor maps read (32-bit:
   // check_supported bounds B*T).
   __device__ int token(int64_t j) const { return static_cast<int>(seq.first_row + j * kC); }
+  // The same in the tensors as given (dO's map).
+  __device__ int io_token(int64_t j) const { return static_cast<int>(seq.io_row + j * kC); }
 
   // The valid rows of chunk j.
   __device__ int rows_of(int64_t j) const {
