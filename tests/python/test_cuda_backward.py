@@ -381,3 +381,20 @@ def test_fake_saved_size_is_the_library_s(T, packed, disable_recompute):
     _, _, saved = torch.ops.flash_kda_train.chunk_kda_fwd(*fwd)
     from flash_kda_train.ops import _segment_states_bytes
     assert saved.numel() == _segment_states_bytes(cuda["q"], cuda["v"], cu, 64, "auto")
+
+
+def test_segmented_backward_needs_the_forward_s_saved_states():
+    """The paired API's context carries the states the time segments start from; a backward without
+    them is refused, naming them, and a second backward with them computes the same gradients."""
+    import dataclasses
+
+    x = make_inputs(B=2, T=1100, H=2, K=16, V=16, gate_in_kernel=True, requires_grad=False)
+    c = {n: t.cuda() for n, t in x.items() if t is not None}
+    o, _, context = fkt.forward(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["initial_state"],
+                                use_gate_in_kernel=True, A_log=c["A_log"], dt_bias=c["dt_bias"])
+    assert context.saved is not None and context.saved.numel() == 2 * 16 * 16 * 4 * 2  # one range start
+    with pytest.raises(ValueError, match="pass the forward's saved states"):
+        fkt.backward(dataclasses.replace(context, saved=None), torch.ones_like(o))
+    first, second = fkt.backward(context, torch.ones_like(o)), fkt.backward(context, torch.ones_like(o))
+    for a, b in zip(first, second):
+        assert (a is None and b is None) or torch.equal(a, b)
