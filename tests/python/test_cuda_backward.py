@@ -258,7 +258,7 @@ HEAD_GROUP_CASES = [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, True,
 @pytest.mark.parametrize("dtype,gva,l2norm,beta_logits", HEAD_GROUP_CASES, ids=["bf16", "bf16-gva-l2norm", "fp16"])
 def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gva, l2norm, beta_logits):
     """The backward runs on two head groups in turn when each still gives the state passes a block
-    per SM (cuda/sm90/backward/head_groups.hpp), in one group's workspace: the call's workspace is
+    per SM (cuda/sm90/backward/views.hpp), in one group's workspace: the call's workspace is
     that of a call on half its heads, and every gradient is bitwise that of calls on each half."""
     from flash_kda_train import _abi
 

@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "cuda/common/convert.cuh"
-#include "cuda/sm90/forward/chunks.cuh"
 #include "cuda/sm90/forward/params.hpp"
 
 namespace fkt::cuda {

@@ -36,7 +36,7 @@ struct ForwardParams {
   // Heads between the token rows of the inputs as given (q, k: io_H; v, beta, g, the states:
   // io_HV), and tokens between their batch rows (io_T), with the backward's dO and gradients: the
   // call's. Larger than H, HV and T when the backward runs on a group of the heads
-  // (backward/head_groups.hpp) or on a time segment (sm90/segments.hpp): the pointers at the
+  // (backward/views.hpp) or on a time segment (sm90/segments.hpp): the pointers at the
   // group's first head or the segment's first token, the workspace the group's or the segment's
   // alone. The forward's own outputs (o, intermediate_states) are written with io_H == H,
   // io_HV == HV and io_T == T only.
