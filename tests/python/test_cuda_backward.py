@@ -301,15 +301,18 @@ def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gv
         assert torch.equal(torch.cat([half[name] for half in halves], dim=head_dim[name]), grad), name
 
 
-# (dtype, B, T, query/key heads per value head, l2norm): time segments of dense inputs
+# (dtype, B, T, chunk size, query/key heads per value head, l2norm): time segments of dense inputs
 # (cuda/sm90/segments.hpp): 18 chunks in two ranges of nine, the last ending inside a chunk; 64
-# chunks in three (22, 22, 20); bf16 on the wgmma passes, float16 on the mma.sync passes.
-SEGMENT_CASES = [(torch.bfloat16, 2, 1100, 1, False), (torch.bfloat16, 1, 4096, 2, True),
-                 (torch.float16, 2, 1100, 2, True)]
+# chunks in three (22, 22, 20); bf16 at chunks of 64 on the wgmma passes, float16, float32 and
+# chunks of 32 on the mma.sync passes.
+SEGMENT_CASES = [(torch.bfloat16, 2, 1100, 64, 1, False), (torch.bfloat16, 1, 4096, 64, 2, True),
+                 (torch.float16, 2, 1100, 64, 2, True), (torch.float32, 2, 1100, 64, 1, False),
+                 (torch.bfloat16, 2, 600, 32, 1, True)]
 
 
-@pytest.mark.parametrize("dtype,B,T,gva,l2norm", SEGMENT_CASES, ids=["bf16-2", "bf16-4-gva-l2norm", "fp16-2"])
-def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, gva, l2norm):
+@pytest.mark.parametrize("dtype,B,T,chunk,gva,l2norm", SEGMENT_CASES,
+                         ids=["bf16-two", "bf16-three-gva-l2norm", "fp16-two", "fp32-two", "bf16-chunk32-two"])
+def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2norm):
     """A dense call of many chunks runs its backward in time segments from the states its forward
     kept, in one segment's workspace; the same tokens as packed sequences run in one pass. The
     forward is the same bit for bit, and every gradient of the segments is as close to the fp64 gold
@@ -333,7 +336,7 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, gva, l2norm):
 
     monkeypatch.setattr(_abi.Call, "sizes", recorded)
     kw = dict(use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True, use_qk_l2norm_in_kernel=l2norm,
-              output_final_state=True)
+              output_final_state=True, chunk_size=chunk)
 
     def step(packed):
         shape = (lambda t: t.reshape(1, B * T, *t.shape[2:])) if packed else (lambda t: t)
@@ -347,7 +350,7 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, gva, l2norm):
 
     segmented, one_pass = step(False), step(True)
     (segmented_ws, kept), (one_pass_ws, none) = sizes[0], sizes[-1]
-    chunks = -(-T // 64)
+    chunks = -(-T // chunk)
     count = -(-chunks // -(-chunks // min(3, chunks // 8)))
     assert kept == (count - 1) * B * HV * K * K * 4 and none == 0, sizes
     assert segmented_ws < 1.2 * one_pass_ws / count, (segmented_ws, one_pass_ws)
@@ -356,7 +359,7 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, gva, l2norm):
     _, _, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=do, dht=dht,
                                     initial_state=x["initial_state"], A_log=x["A_log"], dt_bias=x["dt_bias"],
                                     use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True,
-                                    use_qk_l2norm_in_kernel=l2norm, output_final_state=True)
+                                    use_qk_l2norm_in_kernel=l2norm, output_final_state=True, chunk_size=chunk)
     names = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", initial_state="dh0", A_log="dA_log",
                  dt_bias="ddt_bias")
     for leaf, grad in names.items():
