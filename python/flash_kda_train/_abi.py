@@ -309,7 +309,7 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
         if sizes.saved_bytes and saved is None:
             raise ValueError("the CUDA backward runs in time segments from the states its forward kept; pass the "
                              "forward's saved states (ForwardResult.saved)")
-        workspace, kept = call.buffer(sizes.backward_workspace_bytes), saved if sizes.saved_bytes else None
+        workspace, kept = call.buffer(sizes.backward_workspace_bytes), saved
     grads = _grads(fw, cfg, inputs)
     _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward, kept=kept)
     if sizes.backward_reads_forward_workspace:

@@ -81,9 +81,9 @@ def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_interm
 
 def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor],
              saved: Optional[torch.Tensor] = None, prepared: Optional[Prepared] = None) -> Grads:
-    """Runs the backward; returns every gradient of the differentiable inputs. ``saved``: the
-    workspace a ``disable_recompute`` forward kept (``forward(...).saved``), else None;
-    ``prepared``: ``forward(...).prepared``, or None."""
+    """Runs the backward; returns every gradient of the differentiable inputs. ``saved``: what the
+    forward kept for it (``forward(...).saved``: a ``disable_recompute`` workspace, or the time
+    segments' states), else None; ``prepared``: ``forward(...).prepared``, or None."""
     return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved, prepared)
 
 

@@ -40,20 +40,16 @@ struct BackwardLayout {
   SegmentArrays segments;
 };
 
-// The part of p whose workspace the backward carves.
-Problem workspace_problem(const Problem& p) {
-  const TimeSegments segments = time_segments(p);
-  if (segments.count > 1) return segment_problem(p, segments.length);
-  return head_group_problem(p, backward_head_groups(p));
-}
-
 BackwardLayout carve_backward(Carver& m, const Problem& p) {
   const int bytes = operand_bytes(products_for(p));
-  const Problem part = workspace_problem(p);
+  const TimeSegments segments = time_segments(p);
+  const bool segmented = segments.count > 1;
+  const Problem part =
+      segmented ? segment_problem(p, segments.length) : head_group_problem(p, backward_head_groups(p));
   BackwardLayout layout{};
   layout.fwd = ForwardWorkspace::carve(m, part, true, bytes);
   layout.bwd = BackwardWorkspace::carve(m, part, layout.fwd, bytes);
-  if (time_segments(p).count > 1) {
+  if (segmented) {
     const int64_t chunks = ForwardWorkspace::chunks(p);
     for (float*& carry : layout.segments.carry) carry = m.take<float>(segment_state_elements(p));
     layout.segments.dA_log_parts = m.take<double>(chunks * p.HV);

@@ -77,18 +77,19 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
   const DType states_dtype = p.ws.p_states_dtype;
   const bool states_paired = pairs_aligned(p.ws.states, states_dtype, V);
   const bool delta_paired = pairs_aligned(p.ws.delta, DType::kF32, V);
+  // The state into a tensor like the initial state (a time segment's start, or the final state).
+  auto store_state = [&](float* to) {
+    for_each_acc<true>(s, [&](int r, int col, float x) {
+      const int e = col0 + col;
+      if (row0 + r < K && e < width) to[state_index(p, n, head, row0 + r, e0 + e)] = x;
+    });
+  };
   int64_t segment_start = first_segment_start(p);
   for (int64_t j = 0; j < chunks; ++j) {
     const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;
     if (!kSummary && j == segment_start) {
-      if (owner) {
-        float* const kept = segment_states_at(p, j);
-        for_each_acc<true>(s, [&](int r, int col, float x) {
-          const int e = col0 + col;
-          if (row0 + r < K && e < width) kept[state_index(p, n, head, row0 + r, e0 + e)] = x;
-        });
-      }
+      if (owner) store_state(segment_states_at(p, j));
       segment_start += p.segment_chunks;
     }
     if (owner) {
@@ -148,10 +149,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       if (row0 + r < K && e < width) summary[(static_cast<int64_t>(head) * K + row0 + r) * columns + e0 + e] = x;
     });
   } else if (p.final_state != nullptr && owner) {
-    for_each_acc<true>(s, [&](int r, int col, float x) {
-      const int e = col0 + col;
-      if (row0 + r < K && e < width) p.final_state[state_index(p, n, head, row0 + r, e0 + e)] = x;
-    });
+    store_state(p.final_state);
   }
 }
 

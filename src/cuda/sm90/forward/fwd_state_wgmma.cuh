@@ -128,6 +128,13 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
     issue_values(0);
     issue_update(0);
   }
+  // The state into a tensor like the initial state (a time segment's start, or the final state).
+  auto store_state = [&](float* to) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      for_each_acc(s[h], [&](int r, int col, float x) { to[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x; });
+    }
+  };
   int64_t segment_start = first_segment_start(p);
   for (int64_t j = 0; j < b.chunks; ++j) {
     const int l = b.rows_of(j);
@@ -135,13 +142,7 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
     char* const ops = unhoisted(smem);  // the products' operands
     const int64_t base = (b.first_state + j * p.HV) * K * V;  // h_j's [K, V] block
     if (j == segment_start) {
-      float* const kept = segment_states_at(p, j);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        for_each_acc(s[h], [&](int r, int col, float x) {
-          kept[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x;
-        });
-      }
+      store_state(segment_states_at(p, j));
       segment_start += p.segment_chunks;
     }
     if (p.intermediate_states != nullptr) {
@@ -257,13 +258,7 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
       }
     }
   }
-  if (p.final_state == nullptr) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    for_each_acc(s[h], [&](int r, int col, float x) {
-      p.final_state[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x;
-    });
-  }
+  if (p.final_state != nullptr) store_state(p.final_state);
 }
 
 }  // namespace fkt::cuda
