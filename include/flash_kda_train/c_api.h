@@ -89,7 +89,8 @@ typedef struct fkt_forward_outputs {
   fkt_tensor* final_state;         /* like initial_state, fp32; NULL if not requested */
   fkt_tensor* intermediate_states; /* [B, NT, HV, K, V] input dtype; NULL if not requested */
   fkt_tensor* workspace;           /* uint8 [forward_workspace_bytes]; NULL if 0 bytes */
-  fkt_tensor* saved;               /* uint8 [saved_bytes], written for fkt_backward; NULL if 0 bytes */
+  fkt_tensor* saved;               /* uint8 [saved_bytes], written for fkt_backward; NULL if 0 bytes,
+                                    * or when no fkt_backward follows (the forward then keeps nothing) */
 } fkt_forward_outputs;
 
 /* Upstream gradients in, gradients out. A NULL output is not computed; d_final_state may be NULL. */
@@ -121,7 +122,8 @@ typedef struct fkt_sizes {
    * fkt_backward. 0: the backward recomputes and its workspace is any buffer of its size. */
   int32_t backward_reads_forward_workspace;
   /* Bytes the forward writes into its `saved` output and the backward reads, with the same inputs
-   * and options (any number of backwards): on CUDA, the fp32 states at the starts of the time
+   * and options (any number of backwards): on CUDA, T = (I + A)^-1 and P of every chunk (fp32), so
+   * that the backward's recompute forms neither, and the fp32 states at the starts of the time
    * segments that the backward runs one after the other in one segment's workspace (dense inputs
    * of many chunks). 0: nothing passes. */
   uint64_t saved_bytes;

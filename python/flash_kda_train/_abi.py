@@ -82,9 +82,9 @@ class Prepared(NamedTuple):
 
 class ForwardResult(NamedTuple):
     """What the forward returns. ``saved`` is what the backward reads: the workspace, instead of
-    recomputing (``disable_recompute`` on the CUDA backend), or the states entering the time segments
-    of a backward run in segments (``fkt_sizes.saved_bytes``, CUDA), else None; ``prepared`` goes to
-    the backward of the same inputs."""
+    recomputing (``disable_recompute`` on the CUDA backend), or what the forward kept for a
+    recomputing backward (``fkt_sizes.saved_bytes``, CUDA: the states entering its time segments, the
+    chunks' T and P), else None; ``prepared`` goes to the backward of the same inputs."""
 
     o: Any
     final_state: Optional[Any]
@@ -235,8 +235,10 @@ def state_shape(fw: Framework, cfg: Config, inputs: Inputs, num_sequences: int):
 
 
 def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool,
-            return_intermediate_states: bool = False) -> ForwardResult:
-    """Runs the forward (final and intermediate states only when asked)."""
+            return_intermediate_states: bool = False, for_backward: bool = True) -> ForwardResult:
+    """Runs the forward (final and intermediate states only when asked). ``for_backward=False``: no
+    backward follows, so the forward keeps nothing for one (``saved`` is None; the workspace that
+    ``disable_recompute`` keeps is the forward's own workspace and stays)."""
     call = Call(fw, cfg, inputs)
     sizes = call.sizes()
     q, v = inputs.q, inputs.v
@@ -253,7 +255,7 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
         tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
         h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
     workspace = call.buffer(sizes.forward_workspace_bytes)
-    saved = call.buffer(sizes.saved_bytes)
+    saved = call.buffer(sizes.saved_bytes) if for_backward else None
     outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace, saved))
     _lib.check(_lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream()))
     if not sizes.backward_reads_forward_workspace:
@@ -307,8 +309,9 @@ def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, sav
         workspace, kept = saved, None
     else:
         if sizes.saved_bytes and saved is None:
-            raise ValueError("the CUDA backward runs in time segments from the states its forward kept; pass the "
-                             "forward's saved states (ForwardResult.saved)")
+            raise ValueError("saved: the CUDA backward reads what its forward kept for it (the chunks' T and P, the "
+                             "states entering its time segments); pass the forward's saved buffer "
+                             "(ForwardResult.saved)")
         workspace, kept = call.buffer(sizes.backward_workspace_bytes), saved
     grads = _grads(fw, cfg, inputs)
     _call_backward(call, workspace, d_o, d_final_state, grads, _lib.lib.fkt_backward, kept=kept)

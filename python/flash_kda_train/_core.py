@@ -73,17 +73,18 @@ def readable(inputs: Inputs) -> Inputs:
     return Inputs(*(_readable(t) for t in inputs))
 
 
-def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_intermediate_states: bool = False
-            ) -> ForwardResult:
-    """Runs the forward; ``saved`` of the result goes to ``backward`` (see ``_abi.ForwardResult``)."""
-    return _abi.forward(TORCH, cfg, readable(inputs), output_final_state, return_intermediate_states)
+def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_intermediate_states: bool = False,
+            for_backward: bool = True) -> ForwardResult:
+    """Runs the forward; ``saved`` of the result goes to ``backward`` (see ``_abi.ForwardResult``);
+    ``for_backward=False`` when none follows (``_abi.forward``)."""
+    return _abi.forward(TORCH, cfg, readable(inputs), output_final_state, return_intermediate_states, for_backward)
 
 
 def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor],
              saved: Optional[torch.Tensor] = None, prepared: Optional[Prepared] = None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved``: what the
-    forward kept for it (``forward(...).saved``: a ``disable_recompute`` workspace, or the time
-    segments' states), else None; ``prepared``: ``forward(...).prepared``, or None."""
+    forward kept for it (``forward(...).saved``: a ``disable_recompute`` workspace, or T, P and the
+    time segments' states), else None; ``prepared``: ``forward(...).prepared``, or None."""
     return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved, prepared)
 
 

@@ -102,7 +102,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        o, final_state, h, _, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True)
+        o, final_state, h, _, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True,
+                                                for_backward=False)
         return o, final_state, h
     return _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state)
 
@@ -114,8 +115,11 @@ def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seq
             cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
     if torch.compiler.is_compiling():  # the custom op, so the graph holds it without a break
         o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(*args)
-    else:
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
         o, final_state = _ops.EagerChunkKda.apply(*args)
+    else:  # no gradient to take: no autograd node, and nothing saved for a backward
+        inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+        o, final_state, _, _, _ = _core.forward(cfg, inputs, output_final_state, for_backward=False)
     return o, (final_state if output_final_state else None)
 
 

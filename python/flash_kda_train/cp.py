@@ -233,16 +233,18 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
             shape = _core.state_shape(cfg, inputs, layout.num_seqs)
             h0 = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
             fold(gathered, layout.rank - layout.pre, layout.pre, False, cfg.state_v_first, h0[0])
-        o = _core.forward(cfg, inputs._replace(initial_state=h0), False).o
-        # Only the first sequence's entering state is kept; backward expands it again.
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0[0] if h0 is not None else None)
+        result = _core.forward(cfg, inputs._replace(initial_state=h0), False)
+        # Only the first sequence's entering state is kept; backward expands it again. `saved`: what
+        # the forward kept for its backward (T and P on CUDA), which does not depend on h0.
+        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0[0] if h0 is not None else None, result.saved)
+        o = result.o
         ctx.cfg, ctx.layout, ctx.cu = cfg, layout, (cu_seqlens, cu_seqlens_cpu)
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o):
-        q, k, v, g, beta, A_log, dt_bias, first_state = ctx.saved_tensors
+        q, k, v, g, beta, A_log, dt_bias, first_state, saved = ctx.saved_tensors
         cfg, layout = ctx.cfg, ctx.layout
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, None, *ctx.cu)
         d_o = d_o.contiguous()
@@ -262,7 +264,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         if first_state is not None:
             h0 = torch.zeros(shape, dtype=first_state.dtype, device=first_state.device)
             h0[0] = first_state
-        grads = _core.backward(cfg, inputs._replace(initial_state=h0), d_o, d_final_state)
+        grads = _core.backward(cfg, inputs._replace(initial_state=h0), d_o, d_final_state, saved)
         return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dA_log, grads.ddt_bias,
                 None, None, None, None)
 

@@ -39,18 +39,26 @@ def _final_state_or_empty(final_state: Optional[Tensor], q: Tensor) -> Tensor:
     return final_state if final_state is not None else q.new_empty(0, dtype=_core.state_dtype(q))
 
 
-def _segment_states_bytes(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int, backend: str) -> int:
-    """fkt_sizes.saved_bytes of a recomputing call, for the fake: on CUDA the fp32 states entering all
-    but the first of the time segments of dense inputs (cuda/sm90/segments.hpp, time_segments: up to
-    three of at least eight chunks). test_cuda_backward checks it against the library's."""
-    if cu_seqlens is not None or backend == "cpu" or q.device.type != "cuda":
+def _aligned(nbytes: int) -> int:
+    """Where the library's next carved array starts (core/carver.hpp: 64-byte alignment)."""
+    return -(-nbytes // 64) * 64
+
+
+def _saved_bytes(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int, backend: str) -> int:
+    """fkt_sizes.saved_bytes of a recomputing call, for the fake (cuda/sm90/saved.hpp): on CUDA the fp32
+    states entering all but the first of the time segments of dense inputs (cuda/sm90/segments.hpp,
+    time_segments: up to three of at least eight chunks), then T and P, [B*T, HV, chunk] fp32 each.
+    test_cuda_backward checks it against the library's."""
+    if backend == "cpu" or q.device.type != "cuda":
         return 0
-    chunks = -(-q.shape[1] // chunk_size)
+    B, T, HV = q.shape[0], q.shape[1], v.shape[2]
+    states = 0
+    chunks = -(-T // chunk_size)
     count = min(3, chunks // 8)
-    if count < 2:
-        return 0
-    count = -(-chunks // -(-chunks // count))  # ranges of ceil(chunks / count) chunks
-    return (count - 1) * q.shape[0] * v.shape[2] * q.shape[-1] * v.shape[-1] * 4
+    if cu_seqlens is None and count >= 2:
+        count = -(-chunks // -(-chunks // count))  # ranges of ceil(chunks / count) chunks
+        states = (count - 1) * B * HV * q.shape[-1] * v.shape[-1] * 4
+    return _aligned(states) + 2 * _aligned(B * T * HV * chunk_size * 4)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
@@ -58,7 +66,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Op
              cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
              flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
     """(o, final state or empty, what the backward reads or empty: the workspace with disable_recompute
-    on CUDA, or the states entering its time segments). The body of the custom op chunk_kda_fwd."""
+    on CUDA, else what the forward saved for it). The body of the custom op chunk_kda_fwd."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     o, final_state, _, saved, _ = _core.forward(cfg, inputs, output_final_state)
@@ -73,7 +81,7 @@ def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cp
       flags, output_final_state, backend):
     state_dtype = _core.state_dtype(q)
     # The kept workspace's size depends on the offsets' values (chunks per sequence): data-dependent.
-    saved_bytes = torch.library.get_ctx().new_dynamic_size() if flags[5] else _segment_states_bytes(
+    saved_bytes = torch.library.get_ctx().new_dynamic_size() if flags[5] else _saved_bytes(
         q, v, cu_seqlens, chunk_size, backend)
     saved = q.new_empty(saved_bytes, dtype=torch.uint8)
     o = v.new_empty(v.shape, dtype=q.dtype)

@@ -14,7 +14,8 @@ void check_supported(const Problem& p);
 
 uint64_t forward_workspace_bytes(const Problem& p);
 uint64_t backward_workspace_bytes(const Problem& p);
-// What the forward keeps for the backward in `saved` (c_api.h): the time segments' entering states.
+// What the forward keeps for the backward in `saved` (c_api.h): T, P and the time segments' entering
+// states (sm90/saved.hpp).
 uint64_t saved_bytes(const Problem& p);
 // The forward F1 to F5 and the backward B0 to B8 on `stream` (no allocation, copy or synchronisation).
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream);

@@ -349,10 +349,11 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
                 **{n: t.grad.reshape(x[n].shape).cpu() for n, t in leaves.items()}}
 
     segmented, one_pass = step(False), step(True)
-    (segmented_ws, kept), (one_pass_ws, none) = sizes[0], sizes[-1]
+    (segmented_ws, kept), (one_pass_ws, packed_kept) = sizes[0], sizes[-1]
     chunks = -(-T // chunk)
     count = -(-chunks // -(-chunks // min(3, chunks // 8)))
-    assert kept == (count - 1) * B * HV * K * K * 4 and none == 0, sizes
+    t_and_p = 2 * B * T * HV * chunk * 4  # fp32 T and P, saved by both (sizes of 64-byte multiples)
+    assert kept == (count - 1) * B * HV * K * K * 4 + t_and_p and packed_kept == t_and_p, sizes
     assert segmented_ws < 1.2 * one_pass_ws / count, (segmented_ws, one_pass_ws)
     for name in ("o", "final_state"):
         assert torch.equal(segmented[name], one_pass[name]), name
@@ -373,8 +374,9 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
                                                          (1100, False, False), (2048, False, False),
                                                          (5000, False, False), (2048, True, False)])
 def test_fake_saved_size_is_the_library_s(T, packed, disable_recompute):
-    """torch.compile plans chunk_kda_fwd's third output (the states the time segments start from)
-    with the fake implementation's size, which mirrors the library's plan."""
+    """torch.compile plans chunk_kda_fwd's third output (what the forward saves for the backward: T,
+    P and the states the time segments start from) with the fake implementation's size, which
+    mirrors the library's plan."""
     x = make_inputs(B=1 if packed else 2, T=T, H=2, K=16, V=16, gate_in_kernel=True, requires_grad=False)
     cuda = {n: t.cuda() if t is not None else None for n, t in x.items()}
     cu = torch.tensor([0, T // 3, T], device="cuda") if packed else None
@@ -382,22 +384,73 @@ def test_fake_saved_size_is_the_library_s(T, packed, disable_recompute):
            cu.cpu() if packed else None, 0.25, None, 64, [False, True, False, False, False, disable_recompute, False],
            True, "auto")
     _, _, saved = torch.ops.flash_kda_train.chunk_kda_fwd(*fwd)
-    from flash_kda_train.ops import _segment_states_bytes
-    assert saved.numel() == _segment_states_bytes(cuda["q"], cuda["v"], cu, 64, "auto")
+    from flash_kda_train.ops import _saved_bytes
+    assert saved.numel() == _saved_bytes(cuda["q"], cuda["v"], cu, 64, "auto")
 
 
 def test_segmented_backward_needs_the_forward_s_saved_states():
-    """The paired API's context carries the states the time segments start from; a backward without
-    them is refused, naming them, and a second backward with them computes the same gradients."""
+    """The paired API's context carries what the forward saved (T, P and the states the time segments
+    start from); a backward without it is refused, naming it, and a second backward with it computes
+    the same gradients."""
     import dataclasses
 
     x = make_inputs(B=2, T=1100, H=2, K=16, V=16, gate_in_kernel=True, requires_grad=False)
     c = {n: t.cuda() for n, t in x.items() if t is not None}
     o, _, context = fkt.forward(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["initial_state"],
                                 use_gate_in_kernel=True, A_log=c["A_log"], dt_bias=c["dt_bias"])
-    assert context.saved is not None and context.saved.numel() == 2 * 16 * 16 * 4 * 2  # one range start
-    with pytest.raises(ValueError, match="pass the forward's saved states"):
+    one_range_start, t_and_p = 2 * 2 * 16 * 16 * 4, 2 * (2 * 1100 * 2 * 64 * 4)  # fp32, 64-byte aligned sizes
+    assert context.saved is not None and context.saved.numel() == one_range_start + t_and_p
+    with pytest.raises(ValueError, match=r"saved: the CUDA backward reads what its forward kept for it \(the chunks' "
+                                         r"T and P, the states entering its time segments\); pass the forward's saved"):
         fkt.backward(dataclasses.replace(context, saved=None), torch.ones_like(o))
     first, second = fkt.backward(context, torch.ones_like(o)), fkt.backward(context, torch.ones_like(o))
     for a, b in zip(first, second):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype,K,V,packed", [(torch.bfloat16, 128, 128, True), (torch.bfloat16, 128, 128, False),
+                                              (torch.float16, 64, 32, True), (torch.float32, 30, 13, False)],
+                         ids=["bf16-common-varlen", "bf16-common", "fp16", "fp32-padded"])
+def test_recompute_from_saved_gives_the_bits_of_the_kept_workspace(dtype, K, V, packed):
+    """The recomputing backward reads the T and P its forward saved (B0 forms neither P, A nor the
+    inverse): every gradient is bitwise that of the backward on the forward's kept workspace
+    (disable_recompute), which reads the T and P of the same forward computation."""
+    torch.manual_seed(0)
+    x = make_inputs(B=1 if packed else 2, T=300, H=2, HV=4, K=K, V=V, dtype=dtype, gate_in_kernel=True,
+                    cu_seqlens=[0, 1, 64, 65, 300] if packed else None, requires_grad=False)
+    c = {n: t.cuda() for n, t in x.items() if t is not None}
+    cu = c.get("cu_seqlens")
+    d_o = torch.randn(c["v"].shape, device="cuda").to(dtype)
+    grads = []
+    for disable_recompute in (False, True):
+        o, ht, context = fkt.forward(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["initial_state"],
+                                     output_final_state=True, use_gate_in_kernel=True, A_log=c["A_log"],
+                                     dt_bias=c["dt_bias"], use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                     disable_recompute=disable_recompute)
+        grads.append(fkt.backward(context, d_o, torch.ones_like(ht)))
+    for name, a, b in zip(grads[0]._fields, *grads):
+        assert a is not None and torch.equal(a, b), name
+
+
+def test_forward_without_gradients_saves_nothing():
+    """With no input taking a gradient the forward keeps nothing for a backward (no T, P or segment
+    states): its peak memory is lower by at least what it would have saved."""
+    from flash_kda_train.ops import _saved_bytes
+
+    x = make_inputs(B=1, T=2048, H=2, HV=8, K=64, V=64, gate_in_kernel=True, requires_grad=False)
+    c = {n: t.cuda() for n, t in x.items() if t is not None}
+
+    def peak_extra(requires_grad):
+        for t in c.values():
+            t.requires_grad_(requires_grad)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        o, ht = fkt.chunk_kda(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["initial_state"],
+                              output_final_state=True, use_gate_in_kernel=True, A_log=c["A_log"], dt_bias=c["dt_bias"])
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, o.grad_fn is not None
+
+    (with_grad, graph), (without_grad, no_graph) = peak_extra(True), peak_extra(False)
+    assert graph and not no_graph
+    assert with_grad - without_grad >= _saved_bytes(c["q"], c["v"], None, 64, "auto") > 0

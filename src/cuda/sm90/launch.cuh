@@ -124,6 +124,14 @@ void with_qk_scales(bool l2norm, F f) {
   else f(std::false_type{});
 }
 
+// Whether F2 is the backward's recompute from the forward's saved T (ForwardWorkspace::recompute):
+// calls f(std::true_type{}) or f(std::false_type{}).
+template <typename F>
+void with_recompute(bool recompute, F f) {
+  if (recompute) f(std::true_type{});
+  else f(std::false_type{});
+}
+
 // How B1 and B3 keep dO in shared memory: bf16 as given for bf16 products and a bf16 gradient
 // (copied with cp.async, widened exactly where read), else widened to fp32 as loaded. Calls
 // f(element) with a value of that type.

@@ -57,8 +57,9 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   if constexpr (sizeof(DoT) == 2) {
     copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + io_first, io_v, C, Vp, l, V);
   }
-  copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l,
-                  C);
+  // P by rows of the inputs as given (ForwardWorkspace::P).
+  copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + (c.io_row * f.io_HV + head) * C,
+                  static_cast<int64_t>(f.io_HV) * C, C, C, l, C);
   cp_async_commit();
   if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, io_first, io_v, C, Vp, l, V);
   cp_async_wait<0>();

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   float* T = smem + L.t;    // [C, ldt]
   float* dd = smem + L.dd;  // [C, ldv]
   float* vs = smem + L.v;   // [C, ldv]
-  copy_rows_async(T, ldt, f.ws.T + row_at(0) * C, static_cast<int64_t>(f.HV) * C, C, C, l, C);
+  copy_rows_async(T, ldt, f.ws.T + io_at(0) * C, static_cast<int64_t>(f.io_HV) * C, C, C, l, C);  // input rows
   copy_rows_async(dd, ldv, p.ws.d_delta + row_at(0) * V, static_cast<int64_t>(f.HV) * V, C, Vp, l, V);
   cp_async_commit();
 

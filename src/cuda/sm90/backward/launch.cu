@@ -18,6 +18,7 @@
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
 #include "cuda/sm90/backward/views.hpp"
 #include "cuda/sm90/launch.cuh"
+#include "cuda/sm90/saved.hpp"
 #include "cuda/sm90/tensor_map.hpp"
 
 namespace fkt::cuda {
@@ -58,10 +59,16 @@ BackwardLayout carve_backward(Carver& m, const Problem& p) {
   return layout;
 }
 
-// The stages' arguments for p over the workspace arrays of `layout` and the call's tensors in io.
-BackwardParams make_params(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout) {
+// The stages' arguments for p (the call's problem or a part's) over the workspace arrays of `layout`,
+// the call's tensors in io and what the forward saved for the call.
+BackwardParams make_params(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout,
+                           const SavedLayout& saved) {
   BackwardParams params{};
   params.fwd = forward_params(p, layout.fwd);
+  if (layout.fwd.recompute) {
+    params.fwd.ws.T = saved.T;
+    params.fwd.ws.P = saved.P;
+  }
   params.ws = layout.bwd;
   const TensorRef d_o(io.d_o, "d_o");
   params.d_o = d_o.bytes();
@@ -224,16 +231,17 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
 // later segment's dh0, or d_final_state for the last), and writes its rows of every gradient. The
 // parameter-gradient partials of segment s fill the chunk rows after those of the earlier ones,
 // reduced once at the end.
-void backward_segments(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout, void* stream) {
+void backward_segments(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout,
+                       const SavedLayout& saved, void* stream) {
   const TimeSegments segments = time_segments(p);
   const SegmentArrays& arrays = layout.segments;
-  const float* kept = reinterpret_cast<const float*>(TensorRef(io.saved, "saved").bytes());
+  const float* kept = saved.segment_states;
   const int64_t states = segment_state_elements(p), last = segments.count - 1;
   const int64_t segment_chunks = p.B * (segments.length / p.chunk);  // of each but the last
   for (int64_t s = last; s >= 0; --s) {
     const int64_t t0 = segments.begin(s);
     const Problem part = segment_problem(p, segments.size(s, p.T));
-    BackwardParams params = view_params(make_params(part, io, layout), p, t0 * p.H, t0 * p.HV, 0);
+    BackwardParams params = view_params(make_params(part, io, layout, saved), p, t0 * p.H, t0 * p.HV, 0);
     if (s > 0) params.fwd.initial_state = kept + (s - 1) * states;
     if (s < last) params.d_final_state = arrays.carry[(s + 1) % 2];
     if (s > 0) params.dh0 = arrays.carry[s % 2];
@@ -242,7 +250,7 @@ void backward_segments(const Problem& p, const fkt_backward_io& io, const Backwa
     params.dA_log = params.ddt_bias = nullptr;  // reduced below
     backward_part(part, params, stream);
   }
-  BackwardParams call = make_params(p, io, layout);
+  BackwardParams call = make_params(p, io, layout, saved);
   call.ws.dA_log_parts = arrays.dA_log_parts;
   call.ws.ddt_bias_parts = arrays.ddt_bias_parts;
   const DeviceGuard device(p.device.device_id);
@@ -264,10 +272,12 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
       << "d_final_state: the CUDA backend reads a contiguous gradient";
   Carver carver(TensorRef(io.workspace, "workspace").bytes());
   const BackwardLayout layout = carve_backward(carver, p);
-  if (time_segments(p).count > 1) return backward_segments(p, io, layout, stream);
+  Carver saved_carver(p.keep_forward ? nullptr : TensorRef(io.saved, "saved").bytes());
+  const SavedLayout saved = SavedLayout::carve(saved_carver, p);
+  if (time_segments(p).count > 1) return backward_segments(p, io, layout, saved, stream);
   const int groups = backward_head_groups(p);
   const Problem part = head_group_problem(p, groups);
-  const BackwardParams params = make_params(part, io, layout);
+  const BackwardParams params = make_params(part, io, layout, saved);
   for (int group = 0; group < groups; ++group) {
     backward_part(part, view_params(params, p, group * part.H, group * part.HV, group * part.HV), stream);
   }

@@ -12,11 +12,12 @@ namespace fkt::cuda {
 // What the backward stages hand to each other; every row index is a (token, value head) row
 // (b * T + t) * HV + head unless said otherwise. fp32 throughout. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
-// dA takes P (last read by B1), dq Q_up's region, dk the region of W and K_down (last read by B2),
+// dA takes P (last read by B1) where the workspace holds it (keep_forward, the summaries; a
+// recomputing backward reads the forward's saved P, which it leaves as it is), dq Q_up's region, dk the region of W and K_down (last read by B2),
 // and dgamma K_down's half of it when the operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
-  float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3); in P's place
+  float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3)
   float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
   float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
   float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4); in Q_up's place
@@ -32,7 +33,7 @@ struct BackwardWorkspace {
     const int64_t rows = p.B * p.T * p.HV, chunks = ForwardWorkspace::chunks(p);
     BackwardWorkspace w{};
     w.dP = m.take<float>(rows * p.chunk);
-    w.dA = static_cast<float*>(fwd.P);
+    w.dA = fwd.recompute ? m.take<float>(rows * p.chunk) : static_cast<float*>(fwd.P);
     w.d_delta = m.take<float>(rows * p.V);
     w.d_states = m.take<float>(chunks * p.HV * p.K * p.V);
     w.dq = static_cast<float*>(fwd.q_up);

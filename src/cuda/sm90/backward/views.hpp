@@ -44,9 +44,9 @@ T* advance(T* base, int64_t elements, DType dtype) {
 }  // namespace detail
 
 // params, made for a part of the call p, moved onto that part's view of the call's tensors: q, k
-// and their gradients by `qk_rows` rows of K, v, g, beta, dO and their gradients by `rows` (token,
-// value head) rows, the per-head tensors (A_log, dt_bias, the states and their gradients) by
-// `heads` value heads.
+// and their gradients by `qk_rows` rows of K; v, g, beta, dO, their gradients and the forward's
+// saved T and P by `rows` (token, value head) rows; the per-head tensors (A_log, dt_bias, the states
+// and their gradients) by `heads` value heads.
 inline BackwardParams view_params(BackwardParams params, const Problem& p, int64_t qk_rows, int64_t rows,
                                   int64_t heads) {
   using detail::advance;
@@ -60,6 +60,10 @@ inline BackwardParams view_params(BackwardParams params, const Problem& p, int64
   f.gate.A_log = advance(f.gate.A_log, heads, f.gate.A_log_dtype);
   f.gate.dt_bias = advance(f.gate.dt_bias, heads * K, f.gate.dt_bias_dtype);
   f.initial_state = advance(f.initial_state, heads * K * V, DType::kF32);
+  if (f.ws.recompute) {  // the forward's saved T and P, rows of the inputs as given
+    f.ws.T = advance(f.ws.T, rows * f.chunk, DType::kF32);
+    f.ws.P = advance(f.ws.P, rows * f.chunk, DType::kF32);
+  }
   f.io_T = p.T;
   f.io_H = static_cast<int32_t>(p.H);
   f.io_HV = static_cast<int32_t>(p.HV);

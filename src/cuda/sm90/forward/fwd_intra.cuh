@@ -3,6 +3,8 @@
 // U = T diag(beta) V, K_down and Q_up. The chunk is cut into 16-row sub-chunks (one tensor-core row
 // tile): the 16 x 16 blocks of P and A use the reference-row factorisation of kda-math.md 3.4 on
 // tensor cores, T is inverted block by block, and U, W are tensor-core products (common/mma.cuh).
+// kRecompute (the backward's B0 after a forward that saved T and P: ForwardWorkspace::recompute)
+// reads T as the forward stored it and forms neither P, A nor the inverse: the same W and U bits.
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -186,7 +188,7 @@ __device__ __forceinline__ void gate_rows(const G* g, int ld_g, float* x, int ld
   });
 }
 
-template <Products kP, typename In, typename Dims>
+template <Products kP, typename In, typename Dims, bool kRecompute>
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kMinBlocks)
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   using Config = IntraConfig<In>;
@@ -233,6 +235,9 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
   }
+  if constexpr (kRecompute) {  // T as stored (rows of the inputs as given), its rows past l zero
+    copy_rows_async(T, ldc, p.ws.T + io_at(0) * C, static_cast<int64_t>(p.io_HV) * C, C, C, l, C);
+  }
   cp_async_commit();
   {  // v and beta, loaded later: asked into L2 first
     const int v_size = element_bytes(p.v_dtype), beta_size = element_bytes(p.beta_dtype);
@@ -248,7 +253,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   auto zero = [&](float* x) {
     for (int i = 4 * tid; i < C * ldc; i += 4 * nthreads) store4(x + i, float4{0.f, 0.f, 0.f, 0.f});
   };
-  zero(T);
+  if constexpr (!kRecompute) zero(T);
   // The gate of this thread's column in F1's first pass, loaded while the copies are in flight.
   const ColumnGate gate = gates_a_column(Kp) ? column_gate(p.gate, head, head * K + min(tid % Kp, K - 1)) : ColumnGate{};
   cp_async_wait<0>();
@@ -262,7 +267,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     gate_rows(g, ldg, g, ldg, C, l, K, Kp, gate);
   }
   __syncthreads();
-  zero(A);  // over the 16-bit g, now read
+  if constexpr (!kRecompute) zero(A);  // over the 16-bit g, now read
   // gamma, the cumsum of each column in row order as F1 alone sums it: in log2 units in place, and as
   // is for the backward's stages (gamma, and gamma_L for the state passes).
   for (int d = tid; d < K; d += nthreads) {
@@ -289,94 +294,97 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     }
   }
 
-  // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal
-  // blocks first): P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i
-  // exp(g_r - g_i) for i < r, on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i)) at a
-  // reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1. On
-  // the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor cores
-  // while every exponent is at most kReach in magnitude (always under safe_gate's per-step bound),
-  // else the warp evaluates it pair by pair in fp32.
-  constexpr float kReach = 64.f;
-  const int gq = lane / 4, t = lane % 4;
-  for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
-    const bool diagonal = task < live;
-    const int2 block = diagonal ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
-    const int R0 = block.x * kSub, c0 = block.y * kSub;
-    const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
-    float acc_p[2][4] = {}, acc_a[2][4] = {};
-    float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
-    for (int k0 = 0; k0 < Kp; k0 += 8) {
-      FragA fq, fk;
+  if constexpr (!kRecompute) {
+    // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal
+    // blocks first): P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i
+    // exp(g_r - g_i) for i < r, on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i)) at a
+    // reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1. On
+    // the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor cores
+    // while every exponent is at most kReach in magnitude (always under safe_gate's per-step bound),
+    // else the warp evaluates it pair by pair in fp32.
+    constexpr float kReach = 64.f;
+    const int gq = lane / 4, t = lane % 4;
+    for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
+      const bool diagonal = task < live;
+      const int2 block = diagonal ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
+      const int R0 = block.x * kSub, c0 = block.y * kSub;
+      const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
+      float acc_p[2][4] = {}, acc_a[2][4] = {};
+      float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
+      for (int k0 = 0; k0 < Kp; k0 += 8) {
+        FragA fq, fk;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
-        const float x = g[r * ldg + d] - g_ref[d];
-        if (diagonal && r < l) reach = fmaxf(reach, fabsf(x));
-        const float e = r < l ? exp2_fast(x) : 0.f;
-        fq.x[j] = split_tf32<kP>(q_at(r, d) * e);
-        fk.x[j] = split_tf32<kP>(k_at(r, d) * e);
-      }
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const int i = c0 + 8 * n + gq;
-        SplitTf32 b[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int d = k0 + t + 4 * h;
-          const float x = g_ref[d] - g[i * ldg + d];
-          if (diagonal && i < l) reach = fmaxf(reach, fabsf(x));
-          b[h] = split_tf32<kP>(i < l ? k_at(i, d) * exp2_fast(x) : 0.f);
+        for (int j = 0; j < 4; ++j) {
+          const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
+          const float x = g[r * ldg + d] - g_ref[d];
+          if (diagonal && r < l) reach = fmaxf(reach, fabsf(x));
+          const float e = r < l ? exp2_fast(x) : 0.f;
+          fq.x[j] = split_tf32<kP>(q_at(r, d) * e);
+          fk.x[j] = split_tf32<kP>(k_at(r, d) * e);
         }
-        mma_split<kP>(acc_p[n], fq, b[0], b[1]);
-        mma_split<kP>(acc_a[n], fk, b[0], b[1]);
-      }
-    }
-    if (diagonal && __any_sync(0xffffffffu, reach > kReach)) {
-      for (int x = lane; x < kSub * (kSub + 1) / 2; x += 32) {
-        const int2 pair = strict_pair(x);  // (r + 1, i) with i <= r
-        const int r = R0 + pair.x - 1, i = R0 + pair.y;
-        if (r >= l) continue;
-        float qk = 0.f, kk = 0.f;  // (q_r, k_r) . (k_i exp(g_r - g_i))
-        for (int d = 0; d < Kp; d += 4) {
-          const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
-          const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, k4(i, d));
-          qk += dot4(q4(r, d), e);
-          kk += dot4(k4(r, d), e);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const int i = c0 + 8 * n + gq;
+          SplitTf32 b[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int d = k0 + t + 4 * h;
+            const float x = g_ref[d] - g[i * ldg + d];
+            if (diagonal && i < l) reach = fmaxf(reach, fabsf(x));
+            b[h] = split_tf32<kP>(i < l ? k_at(i, d) * exp2_fast(x) : 0.f);
+          }
+          mma_split<kP>(acc_p[n], fq, b[0], b[1]);
+          mma_split<kP>(acc_a[n], fk, b[0], b[1]);
         }
-        T[r * ldc + i] = p.scale * qk;
-        if (i < r) A[r * ldc + i] = beta[r] * kk;
       }
-      continue;
+      if (diagonal && __any_sync(0xffffffffu, reach > kReach)) {
+        for (int x = lane; x < kSub * (kSub + 1) / 2; x += 32) {
+          const int2 pair = strict_pair(x);  // (r + 1, i) with i <= r
+          const int r = R0 + pair.x - 1, i = R0 + pair.y;
+          if (r >= l) continue;
+          float qk = 0.f, kk = 0.f;  // (q_r, k_r) . (k_i exp(g_r - g_i))
+          for (int d = 0; d < Kp; d += 4) {
+            const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
+            const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, k4(i, d));
+            qk += dot4(q4(r, d), e);
+            kk += dot4(k4(r, d), e);
+          }
+          T[r * ldc + i] = p.scale * qk;
+          if (i < r) A[r * ldc + i] = beta[r] * kk;
+        }
+        continue;
+      }
+      for_each_acc(acc_p, [&](int r, int i, float x) {
+        if (!diagonal || i <= r) T[(R0 + r) * ldc + c0 + i] = p.scale * x;
+      });
+      for_each_acc(acc_a, [&](int r, int i, float x) {
+        if (!diagonal || i < r) A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x;
+      });
     }
-    for_each_acc(acc_p, [&](int r, int i, float x) {
-      if (!diagonal || i <= r) T[(R0 + r) * ldc + c0 + i] = p.scale * x;
-    });
-    for_each_acc(acc_a, [&](int r, int i, float x) {
-      if (!diagonal || i < r) A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x;
-    });
-  }
-  __syncthreads();
-  store_rows(p.ws.P, p.ws.p_states_dtype, row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
-  __syncthreads();
+    __syncthreads();
+    store_rows(p.ws.P, p.ws.p_states_dtype, row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
+    if (p.saved_P != nullptr) store_rows(p.saved_P + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
+    __syncthreads();
 
-  // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
-  // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
-  // the diagonal hold zero since the start.
-  for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs; b += 2 * kWarps) {
-    const float* a = A + b * kSub * (ldc + 1);
-    float col[kSub];
+    // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
+    // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
+    // the diagonal hold zero since the start.
+    for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs; b += 2 * kWarps) {
+      const float* a = A + b * kSub * (ldc + 1);
+      float col[kSub];
 #pragma unroll
-    for (int r = 0; r < kSub; ++r) {
-      float v = r == i ? 1.f : 0.f;
+      for (int r = 0; r < kSub; ++r) {
+        float v = r == i ? 1.f : 0.f;
 #pragma unroll
-      for (int m = 0; m < r; ++m) v -= a[r * ldc + m] * col[m];
-      col[r] = v;
+        for (int m = 0; m < r; ++m) v -= a[r * ldc + m] * col[m];
+        col[r] = v;
+      }
+#pragma unroll
+      for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
     }
-#pragma unroll
-    for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
+    __syncthreads();
+    invert_below_diagonal<kP == Products::kTf32, kWarps>(A, T, Y, ldc, subs);
   }
-  __syncthreads();
-  invert_below_diagonal<kP == Products::kTf32, kWarps>(A, T, Y, ldc, subs);
 
   // A is dead: v into its place.
   if constexpr (Config::kNarrow) {
@@ -385,7 +393,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   } else {
     load_rows_as_float(vs, ldv, p.v, p.v_dtype, io_at(0) * V, io_v, C, Vp, l, V);
   }
-  if (p.ws.T != nullptr) {
+  if (!kRecompute && p.ws.T != nullptr) {
     store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
   }
   __syncthreads();

@@ -13,6 +13,7 @@
 #include "cuda/sm90/forward/fwd_output.cuh"
 #include "cuda/sm90/forward/fwd_state.cuh"
 #include "cuda/sm90/forward/fwd_state_wgmma.cuh"
+#include "cuda/sm90/saved.hpp"
 #include "cuda/sm90/segments.hpp"
 #include "cuda/sm90/tensor_map.hpp"
 
@@ -130,10 +131,12 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
         return;  // a pair that never occurs: not instantiated
       } else {
         with_dims<decltype(kp)::value>(p, [&](auto dims) {
-          const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims)>;
-          prefer_max_shared(kernel);  // two blocks of about 105 KB
-          launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
-                 IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+          with_recompute(params.ws.recompute, [&](auto recompute) {
+            const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), decltype(recompute)::value>;
+            prefer_max_shared(kernel);  // two blocks of about 105 KB
+            launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
+                   IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+          });
         });
       }
     });
@@ -162,14 +165,22 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
 }
 
 uint64_t saved_bytes(const Problem& p) {
-  return static_cast<uint64_t>(time_segments(p).count - 1) * segment_state_elements(p) * sizeof(float);
+  Carver measure;
+  SavedLayout::carve(measure, p);
+  return measure.bytes();
 }
 
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
   ForwardParams params = make_params(p, out);
-  if (const TimeSegments segments = time_segments(p); segments.count > 1) {
-    params.segment_states = reinterpret_cast<float*>(TensorRef(out.saved, "saved").bytes());
-    params.segment_chunks = segments.length / p.chunk;
+  if (!p.keep_forward && out.saved != nullptr) {  // F2 keeps T and P, F4 the segments' entering states
+    Carver carver(TensorRef(out.saved, "saved").bytes());
+    const SavedLayout saved = SavedLayout::carve(carver, p);
+    params.ws.T = saved.T;
+    params.saved_P = saved.P;
+    if (const TimeSegments segments = time_segments(p); segments.count > 1) {
+      params.segment_states = saved.segment_states;
+      params.segment_chunks = segments.length / p.chunk;
+    }
   }
   forward_stages(p, params, products_for(p), stream);
 }

@@ -17,6 +17,9 @@ struct ForwardWorkspace {
   // P and the states hold elements of p_states_dtype: bf16 in the forward's own layout for bf16
   // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly, or as bf16
   // wgmma operands inside F4), else fp32 (the backward's layout: B1 to B3 read them as fp32).
+  // In the backward's layout P and T are rows of the inputs as given ((b * io_T + t) * io_HV +
+  // head, the rows that every other layout shares with the workspace): with `recompute` the
+  // forward's saved ones (sm90/saved.hpp), seen through the part's view (backward/views.hpp).
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
@@ -36,7 +39,11 @@ struct ForwardWorkspace {
   // kept then, and delta is not written.
   bool output_in_state_pass;
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
-  // For the backward (B0's recompute, or a forward with keep_forward); nullptr otherwise:
+  // The backward's recompute (B0) of a forward that saved T and P: F2 reads T instead of forming
+  // P, A and the inverse. Neither is carved then: the backward points P and T at `saved`.
+  bool recompute;
+  // For the backward (written by F2 in the forward: into `saved` in its own layout, into the
+  // workspace with keep_forward; read by F2 with recompute); nullptr otherwise:
   float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
   // q_hat = q * scale_q and k_hat = k * scale_k, formed by the backward's stages from q and k as
   // F2 forms them: the row scales of use_qk_l2norm_in_kernel, nullptr without it (scale 1).
@@ -55,8 +62,9 @@ struct ForwardWorkspace {
     w.output_in_state_pass = compact && CommonDims::matches(p);
     w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
     const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
+    w.recompute = for_backward && !p.keep_forward;
     w.gamma = for_backward ? m.take<float>(rows * p.K) : nullptr;
-    w.P = m.take<char>(rows * p.chunk * p_states_bytes);
+    w.P = w.recompute ? nullptr : m.take<char>(rows * p.chunk * p_states_bytes);
     // K_down's start, aligned as every carved array's.
     const auto operand = static_cast<int64_t>(Carver::aligned(static_cast<size_t>(rows * p.K * operand_bytes)));
     char* w_kd = m.take<char>(2 * operand);
@@ -70,7 +78,7 @@ struct ForwardWorkspace {
     w.g_last = m.take<float>(chunks(p) * p.HV * p.K);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
-      w.T = m.take<float>(rows * p.chunk);
+      w.T = w.recompute ? nullptr : m.take<float>(rows * p.chunk);
       if (p.l2norm) {
         w.scale_q = m.take<float>(p.B * p.T * p.H);
         w.scale_k = m.take<float>(p.B * p.T * p.H);
