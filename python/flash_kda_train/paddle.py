@@ -131,8 +131,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
         o, final_state, h, _, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
-                                               return_intermediate_states=True)
+                                               return_intermediate_states=True, for_backward=False)
         return o, final_state, h
+    if not (paddle.is_grad_enabled() and any(t is not None and not t.stop_gradient for t in tensors[:8])):
+        # No gradient to take: no PyLayer node, and nothing saved for a backward.
+        o, final_state, _, _, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
+                                               for_backward=False)
+        return o, final_state
     o, final_state = _ChunkKDA.apply(*tensors, cfg, bool(output_final_state))
     return o, (final_state if output_final_state else None)
 

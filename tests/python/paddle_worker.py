@@ -73,6 +73,10 @@ def run_case(case, arrays, results):
         with paddle.no_grad():
             o, final_state, h = chunk_kda(*positional, **keywords, **kwargs)
         outputs = dict(o=o, final_state=final_state, h=h)
+    elif mode == "inference":  # no gradient to take: the plain forward, nothing saved
+        with paddle.no_grad():
+            o, final_state = chunk_kda(*positional, **keywords, **kwargs)
+        outputs = dict(o=o, final_state=final_state)
     elif mode == "pair":
         o, final_state, context = forward(*positional, **keywords, **kwargs)
         grads = backward(context, tensors["do"], tensors.get("dht"))

@@ -86,6 +86,7 @@ CASES = [
     _case("bf16-intermediate-states", T=70, dtype="bfloat16", mode="intermediate", output_final_state=True,
           chunk_size=32, return_intermediate_states=True),
     _case("pair-input-modified", T=20, mode="pair-modified", no_grad=("q",)),
+    _case("bf16-no-grad-forward", T=90, dtype="bfloat16", mode="inference", output_final_state=True),
     _case("error-chunk-size", T=20, mode="error", chunk_size=48),
     _case("error-state-dtype", T=20, mode="error", dtype="bfloat16", gate="pre"),
 ]
@@ -108,6 +109,10 @@ def _torch_run(case):
         with torch.inference_mode():
             o, final_state, h = chunk_kda(*positional, **keywords, **kwargs)
         return dict(o=o, final_state=final_state, h=h)
+    if mode == "inference":
+        with torch.no_grad():
+            o, final_state = chunk_kda(*positional, **keywords, **kwargs)
+        return dict(o=o, final_state=final_state)
     if mode == "pair-modified":  # q changed in place between the pair's calls
         _, _, context = flash_kda_train.forward(*positional, **keywords, **kwargs)
         leaves["q"].add_(1.0)
