@@ -237,8 +237,8 @@ def state_shape(fw: Framework, cfg: Config, inputs: Inputs, num_sequences: int):
 def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool,
             return_intermediate_states: bool = False, for_backward: bool = True) -> ForwardResult:
     """Runs the forward (final and intermediate states only when asked). ``for_backward=False``: no
-    backward follows, so the forward keeps nothing for one (``saved`` is None; the workspace that
-    ``disable_recompute`` keeps is the forward's own workspace and stays)."""
+    backward follows, so nothing is allocated for one to read (``saved`` is None, but for
+    ``disable_recompute``'s kept workspace, which the forward runs in anyway)."""
     call = Call(fw, cfg, inputs)
     sizes = call.sizes()
     q, v = inputs.q, inputs.v

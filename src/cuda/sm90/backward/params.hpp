@@ -13,8 +13,9 @@ namespace fkt::cuda {
 // (b * T + t) * HV + head unless said otherwise. fp32 throughout. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
 // dA takes P (last read by B1) where the workspace holds it (keep_forward, the summaries; a
-// recomputing backward reads the forward's saved P, which it leaves as it is), dq Q_up's region, dk the region of W and K_down (last read by B2),
-// and dgamma K_down's half of it when the operands are fp32 (with bf16 ones dk fills it).
+// recomputing backward reads the forward's saved P, which it leaves as it is), dq Q_up's region,
+// dk the region of W and K_down (last read by B2), and dgamma K_down's half of it when the
+// operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3)
