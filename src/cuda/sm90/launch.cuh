@@ -116,19 +116,12 @@ void with_qk_storage(DType qk, F f) {
   }
 }
 
-// Whether B4 reads the l2norm row scales (use_qk_l2norm_in_kernel; BwdIntraConfig): calls
-// f(std::true_type{}) or f(std::false_type{}).
+// A run-time flag as a kernel's template argument: whether B4 reads the l2norm row scales
+// (use_qk_l2norm_in_kernel; BwdIntraConfig), whether F2 is the backward's recompute from the
+// forward's saved T (ForwardWorkspace::recompute). Calls f(std::true_type{}) or f(std::false_type{}).
 template <typename F>
-void with_qk_scales(bool l2norm, F f) {
-  if (l2norm) f(std::true_type{});
-  else f(std::false_type{});
-}
-
-// Whether F2 is the backward's recompute from the forward's saved T (ForwardWorkspace::recompute):
-// calls f(std::true_type{}) or f(std::false_type{}).
-template <typename F>
-void with_recompute(bool recompute, F f) {
-  if (recompute) f(std::true_type{});
+void with_flag(bool flag, F f) {
+  if (flag) f(std::true_type{});
   else f(std::false_type{});
 }
 

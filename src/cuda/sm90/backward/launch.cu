@@ -205,7 +205,7 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
       with_d_o_storage<kP>(params.d_o_dtype,
                            [&](auto stored) { wy_inter_pass<kP, Dims, decltype(stored)>(p, params, s); });
       with_qk_storage<kP>(p.q.dtype, [&](auto qk) {
-        with_qk_scales(p.l2norm, [&](auto scaled) {
+        with_flag(p.l2norm, [&](auto scaled) {
           using Qk = decltype(qk);
           const auto kernel = bwd_intra_kernel<kP, Dims, Qk, decltype(scaled)::value>;
           prefer_max_shared(kernel);  // two blocks of about 109 KB with 16-bit q and k

@@ -131,7 +131,7 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
         return;  // a pair that never occurs: not instantiated
       } else {
         with_dims<decltype(kp)::value>(p, [&](auto dims) {
-          with_recompute(params.ws.recompute, [&](auto recompute) {
+          with_flag(params.ws.recompute, [&](auto recompute) {
             const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), decltype(recompute)::value>;
             prefer_max_shared(kernel);  // two blocks of about 105 KB
             launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
