@@ -118,8 +118,7 @@ def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seq
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
         o, final_state = _ops.EagerChunkKda.apply(*args)
     else:  # no gradient to take: no autograd node, and nothing saved for a backward
-        inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        o, final_state, _, _, _ = _core.forward(cfg, inputs, output_final_state, for_backward=False)
+        o, final_state, _, _, _ = _core.forward(cfg, _core.Inputs(*args[:10]), output_final_state, for_backward=False)
     return o, (final_state if output_final_state else None)
 
 
