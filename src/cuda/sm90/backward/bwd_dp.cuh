@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   float* P = delta + C * ldv;                             // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
-  const int64_t io_first = (c.io_row * f.io_HV + head) * V, io_v = static_cast<int64_t>(f.io_HV) * V;  // dO
+  auto io_at = [&](int r) { return (c.io_row + r) * f.io_HV + head; };  // the same in dO and P
+  const int64_t io_first = io_at(0) * V, io_v = static_cast<int64_t>(f.io_HV) * V;  // dO
   // Rows past the chunk's end and columns past V are zero.
   const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
   copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, stride_v, C, Vp, l, V);
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
     copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + io_first, io_v, C, Vp, l, V);
   }
   // P by rows of the inputs as given (ForwardWorkspace::P).
-  copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + (c.io_row * f.io_HV + head) * C,
+  copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + io_at(0) * C,
                   static_cast<int64_t>(f.io_HV) * C, C, C, l, C);
   cp_async_commit();
   if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, io_first, io_v, C, Vp, l, V);
