@@ -370,6 +370,65 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
         assert rel_rms(segmented[leaf], one_pass[leaf]) <= 0.1 * err_one_pass + 1e-6, grad
 
 
+# (dtype, query/key heads per value head, l2norm, beta logits): sequence groups of varlen inputs
+# (cuda/sm90/sequence_groups.hpp): nine sequences (a length-1 and an empty one, tails inside a
+# chunk) of 34 chunks in three groups of 12, 12 and 10 chunks (630, 664 and 600 tokens); bf16 on
+# the wgmma passes, with bwd_intra's dq and dk, and through bwd_prepare with GVA and l2norm;
+# float16 and float32 on the mma.sync passes.
+SEQUENCE_GROUP_LENGTHS = [1, 0, 129, 500, 130, 470, 64, 300, 300]
+SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, True, True),
+                        (torch.float16, 1, True, False), (torch.float32, 2, False, True)]
+
+
+@pytest.mark.parametrize("dtype,gva,l2norm,beta_logits", SEQUENCE_GROUP_CASES,
+                         ids=["bf16", "bf16-gva-l2norm", "fp16", "fp32-gva"])
+def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2norm, beta_logits):
+    """A varlen call of many chunks runs its backward on groups of whole sequences in turn, in the
+    largest group's workspace: every gradient, dA_log and ddt_bias included, is bitwise that of the
+    one pass on the forward's kept workspace (disable_recompute), and the workspace is the largest
+    group's share of the call's."""
+    from flash_kda_train import _abi
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    HV, K = 8 * -(-sms // 32), 128  # 4 V-tiles x HV >= sms: every group gives a block per SM
+    H = HV // gva
+    offsets = [0]
+    for length in SEQUENCE_GROUP_LENGTHS:
+        offsets.append(offsets[-1] + length)
+    torch.manual_seed(0)
+    x = make_inputs(B=1, T=offsets[-1], H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True,
+                    beta_logits=beta_logits, cu_seqlens=offsets, requires_grad=False)
+    c = {n: t.cuda() for n, t in x.items() if t is not None}
+    do = torch.randn(c["v"].shape, device="cuda").to(dtype)
+    dht = torch.randn(c["initial_state"].shape, device="cuda")
+    workspace = []
+    planned = _abi.Call.sizes
+
+    def recorded(call):
+        sizes = planned(call)
+        workspace.append(sizes.backward_workspace_bytes)
+        return sizes
+
+    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+
+    def step(disable_recompute):
+        leaves = {n: c[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "initial_state", "A_log",
+                                                               "dt_bias")}
+        o, ht = fkt.chunk_kda(**leaves, cu_seqlens=c["cu_seqlens"], use_gate_in_kernel=True, lower_bound=-5.0,
+                              safe_gate=True, use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=beta_logits,
+                              output_final_state=True, disable_recompute=disable_recompute)
+        torch.autograd.backward([o, ht], [do, dht])
+        return {n: t.grad for n, t in leaves.items()}
+
+    grouped = step(False)
+    grouped_workspace = workspace[-1]
+    one_pass = step(True)
+    for name, grad in one_pass.items():
+        assert torch.equal(grouped[name], grad), name
+    largest = max(664 / offsets[-1], 12 / 34)  # the largest group's share of the tokens and of the chunks
+    assert grouped_workspace < 1.05 * largest * workspace[-1], (grouped_workspace, workspace[-1])
+
+
 @pytest.mark.parametrize("T,packed,disable_recompute", [(100, False, False), (1024, False, False),
                                                          (1100, False, False), (2048, False, False),
                                                          (5000, False, False), (2048, True, False)])

@@ -24,37 +24,49 @@
 namespace fkt::cuda {
 namespace {
 
-// The arrays of the time segments, after one segment's workspace: the gradients of the states
-// between segments, handed from a segment to the one before (two buffers, in turn), and every
-// segment's parameter-gradient partials (one array over the call's chunks, reduced once).
-struct SegmentArrays {
+// The arrays of the parts, after one part's workspace. With time segments: the gradients of the
+// states between segments, handed from a segment to the one before (two buffers, in turn). With
+// sequence groups: the group's offsets rebased to its first token, and the call's chunk offsets for
+// the reduction. With either: every part's parameter-gradient partials (one array over the call's
+// chunks, reduced once).
+struct PartArrays {
   float* carry[2];
+  int64_t* group_offsets;
+  int64_t* call_chunk_offsets;
   double* dA_log_parts;
   double* ddt_bias_parts;
 };
 
-// The backward's workspace: that of `part` (one time segment, one head group, or the whole call),
-// then, with time segments, their arrays. One layout for sizing and for the run.
+// The backward's workspace: that of `part` (one time segment, the largest sequence group, one head
+// group, or the whole call), then the parts' arrays. One layout for sizing and for the run.
 struct BackwardLayout {
   ForwardWorkspace fwd;
   BackwardWorkspace bwd;
-  SegmentArrays segments;
+  PartArrays parts;
 };
 
 BackwardLayout carve_backward(Carver& m, const Problem& p) {
   const int bytes = operand_bytes(products_for(p));
   const TimeSegments segments = time_segments(p);
-  const bool segmented = segments.count > 1;
-  const Problem part =
-      segmented ? segment_problem(p, segments.length) : head_group_problem(p, backward_head_groups(p));
+  const SequenceGroups groups = sequence_groups(p);
+  const bool segmented = segments.count > 1, grouped = groups.count() > 1;
+  const Problem part = segmented ? segment_problem(p, segments.length)
+                       : grouped ? sequence_group_bound(p, groups)
+                                 : head_group_problem(p, backward_head_groups(p));
   BackwardLayout layout{};
   layout.fwd = ForwardWorkspace::carve(m, part, true, bytes);
   layout.bwd = BackwardWorkspace::carve(m, part, layout.fwd, bytes);
   if (segmented) {
+    for (float*& carry : layout.parts.carry) carry = m.take<float>(segment_state_elements(p));
+  }
+  if (grouped) {
+    layout.parts.group_offsets = m.take<int64_t>(part.N + 1);
+    layout.parts.call_chunk_offsets = m.take<int64_t>(p.N + 1);
+  }
+  if (segmented || grouped) {
     const int64_t chunks = ForwardWorkspace::chunks(p);
-    for (float*& carry : layout.segments.carry) carry = m.take<float>(segment_state_elements(p));
-    layout.segments.dA_log_parts = m.take<double>(chunks * p.HV);
-    layout.segments.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
+    layout.parts.dA_log_parts = m.take<double>(chunks * p.HV);
+    layout.parts.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
   }
   return layout;
 }
@@ -169,9 +181,14 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
          WyInterLayout::bytes(C, K, V, kBf16DoAtCommonShape<Dims, DoT>), s, args);
 }
 
+// Whether B7 computes dA_log or ddt_bias (the gate in the kernel, and either asked for).
+bool parameter_gradients(const Problem& p, const BackwardParams& params) {
+  return p.gate != GateMode::kPrecomputed && (params.dA_log || params.ddt_bias);
+}
+
 // B7's reduction: dA_log and ddt_bias from the partials of every chunk, in a fixed order.
 void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, cudaStream_t s) {
-  if (p.gate == GateMode::kPrecomputed || !(params.dA_log || params.ddt_bias)) return;
+  if (!parameter_gradients(p, params)) return;
   launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
          BwdParamsConfig::smem_bytes(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)), s, params);
 }
@@ -234,7 +251,7 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
 void backward_segments(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout,
                        const SavedLayout& saved, void* stream) {
   const TimeSegments segments = time_segments(p);
-  const SegmentArrays& arrays = layout.segments;
+  const PartArrays& arrays = layout.parts;
   const float* kept = saved.segment_states;
   const int64_t states = segment_state_elements(p), last = segments.count - 1;
   const int64_t segment_chunks = p.B * (segments.length / p.chunk);  // of each but the last
@@ -257,9 +274,40 @@ void backward_segments(const Problem& p, const fkt_backward_io& io, const Backwa
   reduce_parameter_gradients(p, call, static_cast<cudaStream_t>(stream));
 }
 
+// The sequence groups in order (sequence_groups.hpp): group g reads its rebased offsets, written
+// into the workspace before it runs, and writes its rows of every gradient and its sequences'
+// dh0. Its parameter-gradient partials fill the rows of its chunks in the call's array, reduced once
+// at the end over the call's chunk offsets: the sums of one pass, bit for bit.
+void backward_sequence_groups(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout,
+                              const SavedLayout& saved, void* stream) {
+  const SequenceGroups groups = sequence_groups(p);
+  const PartArrays& arrays = layout.parts;
+  for (int64_t g = 0; g < groups.count(); ++g) {
+    const Problem part = sequence_group_problem(p, groups, g);
+    const Sequence& first = p.sequences[groups.first[g]];
+    BackwardParams params = sequence_group_view(make_params(part, io, layout, saved), part, first.t_begin,
+                                                groups.first[g]);
+    rebased_offsets(p, groups.first[g], part.N, arrays.group_offsets, stream);
+    params.fwd.cu_seqlens = arrays.group_offsets;
+    params.fwd.offsets_dtype = DType::kI64;
+    params.ws.dA_log_parts = arrays.dA_log_parts + first.chunk_offset * p.HV;
+    params.ws.ddt_bias_parts = arrays.ddt_bias_parts + first.chunk_offset * p.HV * p.K;
+    params.dA_log = params.ddt_bias = nullptr;  // reduced below
+    backward_part(part, params, stream);
+  }
+  BackwardParams call = make_params(p, io, layout, saved);
+  if (!parameter_gradients(p, call)) return;
+  call.fwd.ws.chunk_offsets = arrays.call_chunk_offsets;
+  call.ws.dA_log_parts = arrays.dA_log_parts;
+  call.ws.ddt_bias_parts = arrays.ddt_bias_parts;
+  chunk_offsets(p, call.fwd, stream);
+  const DeviceGuard device(p.device.device_id);
+  reduce_parameter_gradients(p, call, static_cast<cudaStream_t>(stream));
+}
+
 }  // namespace
 
-// One part's workspace (views.hpp), used by each part in turn, and the time segments' arrays.
+// One part's workspace (views.hpp), used by each part in turn, and the parts' arrays.
 uint64_t backward_workspace_bytes(const Problem& p) {
   Carver measure;
   carve_backward(measure, p);
@@ -275,6 +323,7 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   Carver saved_carver(p.keep_forward ? nullptr : TensorRef(io.saved, "saved").bytes());
   const SavedLayout saved = SavedLayout::carve(saved_carver, p);
   if (time_segments(p).count > 1) return backward_segments(p, io, layout, saved, stream);
+  if (sequence_groups(p).count() > 1) return backward_sequence_groups(p, io, layout, saved, stream);
   const int groups = backward_head_groups(p);
   const Problem part = head_group_problem(p, groups);
   const BackwardParams params = make_params(part, io, layout, saved);

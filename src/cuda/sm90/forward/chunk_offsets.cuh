@@ -1,5 +1,6 @@
-// Varlen planning on the device: chunk_offsets[n] = sum over earlier sequences of ceil(L / C), from
-// the device copy of cu_seqlens, so the run path needs no host-to-device copy.
+// Varlen planning on the device, from the device copy of cu_seqlens, so the run path needs no
+// host-to-device copy: chunk_offsets[n] = sum over earlier sequences of ceil(L / C), and the offsets
+// of a group of sequences as a call of its own (sequence_groups.hpp).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -30,6 +31,22 @@ __global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0) p.ws.chunk_offsets[p.N] = carry;
+}
+
+struct RebasedOffsetsParams {
+  ForwardParams call;  // the call's cu_seqlens and offsets_dtype
+  int64_t first;       // the group's first sequence
+  int64_t count;       // its sequences
+  int64_t* out;        // [count + 1] int64
+};
+
+// out[i] = cu_seqlens[first + i] - cu_seqlens[first] for i <= count, kThreads at a time.
+__global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
+    rebased_offsets_kernel(const __grid_constant__ RebasedOffsetsParams p) {
+  const int64_t base = offset_at(p.call, p.first);
+  for (int64_t i = threadIdx.x; i <= p.count; i += ChunkOffsetsConfig::kThreads) {
+    p.out[i] = offset_at(p.call, p.first + i) - base;
+  }
 }
 
 }  // namespace fkt::cuda

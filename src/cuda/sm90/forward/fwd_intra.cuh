@@ -362,15 +362,8 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
       });
     }
     __syncthreads();
-    {  // P in p_states_dtype and, for the backward, in fp32 (saved_P): one pass over the staged tile
-      const int64_t first = row_at(0) * C, stride_p = static_cast<int64_t>(p.HV) * C;  // both even (C is)
-      const bool paired = pairs_aligned(p.ws.P, p.ws.p_states_dtype, stride_p);
-      for_each_cell<2>(l, C / 2, stride_p, ldc, [&](int, int, int64_t at, int s) {
-        const float2 x = make_float2(T[s], T[s + 1]);
-        store_pair(p.ws.P, p.ws.p_states_dtype, first + at, x, true, paired);
-        if (p.saved_P != nullptr) *reinterpret_cast<float2*>(p.saved_P + first + at) = x;
-      });
-    }
+    // P in p_states_dtype and, for the backward, in fp32 (saved_P): one pass over the staged tile.
+    store_rows(p.ws.P, p.ws.p_states_dtype, row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C, p.saved_P);
     __syncthreads();
 
     // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp

@@ -117,12 +117,28 @@ uint64_t forward_workspace_bytes(const Problem& p) {
   return p.keep_forward ? backward_workspace_bytes(p) : own_workspace_bytes(p, products_for(p));
 }
 
+void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream) {
+  const DeviceGuard device(p.device.device_id);
+  launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, static_cast<cudaStream_t>(stream), params);
+}
+
+void rebased_offsets(const Problem& p, int64_t first, int64_t count, int64_t* out, void* stream) {
+  const DeviceGuard device(p.device.device_id);
+  RebasedOffsetsParams params{};
+  params.call.cu_seqlens = p.cu_seqlens_device.bytes();
+  params.call.offsets_dtype = p.cu_seqlens_device.dtype;
+  params.first = first;
+  params.count = count;
+  params.out = out;
+  launch(rebased_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, static_cast<cudaStream_t>(stream), params);
+}
+
 void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream) {
+  if (p.varlen) chunk_offsets(p, params, stream);
   const DeviceGuard device(p.device.device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
   const unsigned heads = static_cast<unsigned>(p.HV);
-  if (p.varlen) launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, s, params);
   with_products(products, [&](auto kp) {
     with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
       using In = decltype(in);
