@@ -64,6 +64,27 @@ struct IntraLayout {
   }
 };
 
+// The block's shared-memory tiles (IntraLayout) and their row strides, with q_hat and k_hat
+// (l2-normalised when asked) read as fp32.
+template <typename In>
+struct IntraTiles {
+  In* q;
+  In* k;
+  float* g;  // a_t (F1's gate), gamma * log2(e), then K_up
+  float* A;
+  float* T;
+  float* Y;
+  float* beta;
+  float* scale_q;
+  float* scale_k;
+  int ldk, ldg, ldc;
+
+  __device__ float q_at(int r, int d) const { return to_float(q[r * ldk + d]) * scale_q[r]; }
+  __device__ float k_at(int r, int d) const { return to_float(k[r * ldk + d]) * scale_k[r]; }
+  __device__ float4 q4(int r, int d) const;
+  __device__ float4 k4(int r, int d) const;
+};
+
 __device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
   if (mode == BetaMode::kPlain) return b;
   const float s = 1.f / (1.f + expf(-b));
@@ -98,6 +119,16 @@ __device__ __forceinline__ float4 load4_as_float(const In* p) {
     const In* e = reinterpret_cast<const In*>(&raw);
     return {to_float(e[0]), to_float(e[1]), to_float(e[2]), to_float(e[3])};
   }
+}
+
+template <typename In>
+__device__ __forceinline__ float4 IntraTiles<In>::q4(int r, int d) const {
+  return map4([&](float x) { return x * scale_q[r]; }, load4_as_float(q + r * ldk + d));
+}
+
+template <typename In>
+__device__ __forceinline__ float4 IntraTiles<In>::k4(int r, int d) const {
+  return map4([&](float x) { return x * scale_k[r]; }, load4_as_float(k + r * ldk + d));
 }
 
 // Row r and column i of the idx-th pair (i < r) of a strictly lower triangle, row by row.
@@ -188,6 +219,111 @@ __device__ __forceinline__ void gate_rows(const G* g, int ld_g, float* x, int ld
   });
 }
 
+// P and A of a chunk of l rows, then T = (I + A)^-1 in T's tile (its blocks above the diagonal zero
+// on entry, A's zero on and above it): P staged in T and stored (p_states_dtype into ws.P, fp32 into
+// saved_P when set) at element `first` of the (token, value head) rows.
+template <Products kP, typename In>
+__device__ __forceinline__ void p_a_and_inverse(const ForwardParams& p, const IntraTiles<In>& tiles, int C, int Kp, int l,
+                                                int64_t first) {
+  using Config = IntraConfig<In>;
+  constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
+  const int subs = C / kSub, live = ceil_div(l, kSub);
+  const int ldg = tiles.ldg, ldc = tiles.ldc, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float* g = tiles.g;
+  float* A = tiles.A;
+  float* T = tiles.T;
+  const float* beta = tiles.beta;
+  // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal
+  // blocks first): P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i
+  // exp(g_r - g_i) for i < r, on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i)) at a
+  // reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1. On
+  // the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor cores
+  // while every exponent is at most kReach in magnitude (always under safe_gate's per-step bound),
+  // else the warp evaluates it pair by pair in fp32.
+  constexpr float kReach = 64.f;
+  const int gq = lane / 4, t = lane % 4;
+  for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
+    const bool diagonal = task < live;
+    const int2 block = diagonal ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
+    const int R0 = block.x * kSub, c0 = block.y * kSub;
+    const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
+    float acc_p[2][4] = {}, acc_a[2][4] = {};
+    float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
+    for (int k0 = 0; k0 < Kp; k0 += 8) {
+      FragA fq, fk;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
+        const float x = g[r * ldg + d] - g_ref[d];
+        if (diagonal && r < l) reach = fmaxf(reach, fabsf(x));
+        const float e = r < l ? exp2_fast(x) : 0.f;
+        fq.x[j] = split_tf32<kP>(tiles.q_at(r, d) * e);
+        fk.x[j] = split_tf32<kP>(tiles.k_at(r, d) * e);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int i = c0 + 8 * n + gq;
+        SplitTf32 b[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = k0 + t + 4 * h;
+          const float x = g_ref[d] - g[i * ldg + d];
+          if (diagonal && i < l) reach = fmaxf(reach, fabsf(x));
+          b[h] = split_tf32<kP>(i < l ? tiles.k_at(i, d) * exp2_fast(x) : 0.f);
+        }
+        mma_split<kP>(acc_p[n], fq, b[0], b[1]);
+        mma_split<kP>(acc_a[n], fk, b[0], b[1]);
+      }
+    }
+    if (diagonal && __any_sync(0xffffffffu, reach > kReach)) {
+      for (int x = lane; x < kSub * (kSub + 1) / 2; x += 32) {
+        const int2 pair = strict_pair(x);  // (r + 1, i) with i <= r
+        const int r = R0 + pair.x - 1, i = R0 + pair.y;
+        if (r >= l) continue;
+        float qk = 0.f, kk = 0.f;  // (q_r, k_r) . (k_i exp(g_r - g_i))
+        for (int d = 0; d < Kp; d += 4) {
+          const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
+          const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, tiles.k4(i, d));
+          qk += dot4(tiles.q4(r, d), e);
+          kk += dot4(tiles.k4(r, d), e);
+        }
+        T[r * ldc + i] = p.scale * qk;
+        if (i < r) A[r * ldc + i] = beta[r] * kk;
+      }
+      continue;
+    }
+    for_each_acc(acc_p, [&](int r, int i, float x) {
+      if (!diagonal || i <= r) T[(R0 + r) * ldc + c0 + i] = p.scale * x;
+    });
+    for_each_acc(acc_a, [&](int r, int i, float x) {
+      if (!diagonal || i < r) A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x;
+    });
+  }
+  __syncthreads();
+  // P in p_states_dtype and, for the backward, in fp32 (saved_P): one pass over the staged tile.
+  store_rows(p.ws.P, p.ws.p_states_dtype, first, static_cast<int64_t>(p.HV) * C, T, ldc, l, C, p.saved_P);
+  __syncthreads();
+
+  // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
+  // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
+  // the diagonal hold zero since the start.
+  for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs; b += 2 * kWarps) {
+    const float* a = A + b * kSub * (ldc + 1);
+    float col[kSub];
+#pragma unroll
+    for (int r = 0; r < kSub; ++r) {
+      float v = r == i ? 1.f : 0.f;
+#pragma unroll
+      for (int m = 0; m < r; ++m) v -= a[r * ldc + m] * col[m];
+      col[r] = v;
+    }
+#pragma unroll
+    for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
+  }
+  __syncthreads();
+  invert_below_diagonal<kP == Products::kTf32, kWarps>(A, T, tiles.Y, ldc, subs);
+}
+
 template <Products kP, typename In, typename Dims, bool kRecompute>
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kMinBlocks)
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
@@ -197,7 +333,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
   const int C = Dims::chunk(p), K = Dims::k(p), V = Dims::v(p), l = static_cast<int>(c.rows);
   const int Kp = Config::padded(K), Vp = Config::padded(V);
-  const int subs = C / kSub, live = ceil_div(l, kSub);  // sub-chunks, those holding tokens
+  const int live = ceil_div(l, kSub);  // sub-chunks holding tokens
   const IntraLayout<In> L(C, K, V);
   const int ldk = L.ldk, ldv = L.ldv, ldg = L.ldg, ldc = L.ldc;
   extern __shared__ __align__(16) char smem_bytes[];
@@ -212,14 +348,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   float* beta = reinterpret_cast<float*>(smem_bytes + L.beta);
   float* scale_q = reinterpret_cast<float*>(smem_bytes + L.scale_q);
   float* scale_k = reinterpret_cast<float*>(smem_bytes + L.scale_k);
-  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
+  const IntraTiles<In> tiles{q, k, g, A, T, Y, beta, scale_q, scale_k, ldk, ldg, ldc};
+  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
   auto io_at = [&](int r) { return (c.io_row + r) * p.io_HV + head; };  // the same in g, v and beta
-  // q_hat, k_hat (l2-normalised when asked) as fp32.
-  auto q_at = [&](int r, int d) { return to_float(q[r * ldk + d]) * scale_q[r]; };
-  auto k_at = [&](int r, int d) { return to_float(k[r * ldk + d]) * scale_k[r]; };
-  auto q4 = [&](int r, int d) { return map4([&](float x) { return x * scale_q[r]; }, load4_as_float(q + r * ldk + d)); };
-  auto k4 = [&](int r, int d) { return map4([&](float x) { return x * scale_k[r]; }, load4_as_float(k + r * ldk + d)); };
 
   // Rows past the chunk's end and columns past K or V are zero (beta too), so they add nothing.
   const int64_t stride_k = static_cast<int64_t>(p.HV) * K, stride_qk = static_cast<int64_t>(p.io_H) * K;
@@ -294,97 +426,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     }
   }
 
-  if constexpr (!kRecompute) {
-    // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal
-    // blocks first): P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i
-    // exp(g_r - g_i) for i < r, on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i)) at a
-    // reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1. On
-    // the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor cores
-    // while every exponent is at most kReach in magnitude (always under safe_gate's per-step bound),
-    // else the warp evaluates it pair by pair in fp32.
-    constexpr float kReach = 64.f;
-    const int gq = lane / 4, t = lane % 4;
-    for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
-      const bool diagonal = task < live;
-      const int2 block = diagonal ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
-      const int R0 = block.x * kSub, c0 = block.y * kSub;
-      const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
-      float acc_p[2][4] = {}, acc_a[2][4] = {};
-      float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
-      for (int k0 = 0; k0 < Kp; k0 += 8) {
-        FragA fq, fk;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int r = R0 + gq + (j & 1) * 8, d = k0 + t + (j >> 1) * 4;
-          const float x = g[r * ldg + d] - g_ref[d];
-          if (diagonal && r < l) reach = fmaxf(reach, fabsf(x));
-          const float e = r < l ? exp2_fast(x) : 0.f;
-          fq.x[j] = split_tf32<kP>(q_at(r, d) * e);
-          fk.x[j] = split_tf32<kP>(k_at(r, d) * e);
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const int i = c0 + 8 * n + gq;
-          SplitTf32 b[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int d = k0 + t + 4 * h;
-            const float x = g_ref[d] - g[i * ldg + d];
-            if (diagonal && i < l) reach = fmaxf(reach, fabsf(x));
-            b[h] = split_tf32<kP>(i < l ? k_at(i, d) * exp2_fast(x) : 0.f);
-          }
-          mma_split<kP>(acc_p[n], fq, b[0], b[1]);
-          mma_split<kP>(acc_a[n], fk, b[0], b[1]);
-        }
-      }
-      if (diagonal && __any_sync(0xffffffffu, reach > kReach)) {
-        for (int x = lane; x < kSub * (kSub + 1) / 2; x += 32) {
-          const int2 pair = strict_pair(x);  // (r + 1, i) with i <= r
-          const int r = R0 + pair.x - 1, i = R0 + pair.y;
-          if (r >= l) continue;
-          float qk = 0.f, kk = 0.f;  // (q_r, k_r) . (k_i exp(g_r - g_i))
-          for (int d = 0; d < Kp; d += 4) {
-            const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
-            const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, k4(i, d));
-            qk += dot4(q4(r, d), e);
-            kk += dot4(k4(r, d), e);
-          }
-          T[r * ldc + i] = p.scale * qk;
-          if (i < r) A[r * ldc + i] = beta[r] * kk;
-        }
-        continue;
-      }
-      for_each_acc(acc_p, [&](int r, int i, float x) {
-        if (!diagonal || i <= r) T[(R0 + r) * ldc + c0 + i] = p.scale * x;
-      });
-      for_each_acc(acc_a, [&](int r, int i, float x) {
-        if (!diagonal || i < r) A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x;
-      });
-    }
-    __syncthreads();
-    // P in p_states_dtype and, for the backward, in fp32 (saved_P): one pass over the staged tile.
-    store_rows(p.ws.P, p.ws.p_states_dtype, row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C, p.saved_P);
-    __syncthreads();
-
-    // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
-    // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
-    // the diagonal hold zero since the start.
-    for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs; b += 2 * kWarps) {
-      const float* a = A + b * kSub * (ldc + 1);
-      float col[kSub];
-#pragma unroll
-      for (int r = 0; r < kSub; ++r) {
-        float v = r == i ? 1.f : 0.f;
-#pragma unroll
-        for (int m = 0; m < r; ++m) v -= a[r * ldc + m] * col[m];
-        col[r] = v;
-      }
-#pragma unroll
-      for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
-    }
-    __syncthreads();
-    invert_below_diagonal<kP == Products::kTf32, kWarps>(A, T, Y, ldc, subs);
-  }
+  if constexpr (!kRecompute) p_a_and_inverse<kP>(p, tiles, C, Kp, l, row_at(0) * C);
 
   // A is dead: v into its place.
   if constexpr (Config::kNarrow) {
@@ -434,10 +476,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
   for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
-    const float4 gr = load4(g + s), kr = k4(r, d);
+    const float4 gr = load4(g + s), kr = tiles.k4(r, d);
     const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
     if (r < l) {
-      store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, q4(r, d), up), K - d, vector);
+      store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, tiles.q4(r, d), up), K - d, vector);
       const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
                                load4(g_last + d), gr);
       store_first(k_down + at, down, K - d, vector);
