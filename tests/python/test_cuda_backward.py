@@ -152,11 +152,33 @@ def test_backward_is_deterministic():
             assert torch.equal(value, second[name]), name
 
 
-def test_forward_backward_in_one_cuda_graph():
-    x = make_inputs(requires_grad=False, B=2, T=130, H=2, HV=4, K=64, V=64, gate_in_kernel=True)
+def graph_shape(path):
+    """Shapes whose backward runs in one pass, in two time segments (18 chunks) and on three
+    sequence groups (SEQUENCE_GROUP_LENGTHS, every group a block per SM)."""
+    if path == "one-pass":
+        return dict(B=2, T=130, H=2, HV=4, K=64, V=64)
+    if path == "time-segments":
+        return dict(B=2, T=1100, H=2, HV=4, K=64, V=64)
+    HV = 8 * -(-torch.cuda.get_device_properties(0).multi_processor_count // 32)
+    offsets = [0]
+    for length in SEQUENCE_GROUP_LENGTHS:
+        offsets.append(offsets[-1] + length)
+    return dict(B=1, T=offsets[-1], H=HV, HV=HV, K=128, V=128, cu_seqlens=offsets)
+
+
+@pytest.mark.parametrize("path", ["one-pass", "time-segments", "sequence-groups"])
+def test_forward_backward_in_one_cuda_graph(path):
+    """Forward and backward captured in one CUDA graph and replayed on new input values give the
+    eager step's results bit for bit, on each of the backward's paths (none allocates, synchronises
+    or copies to the host)."""
+    shape = graph_shape(path)
+    x = make_inputs(requires_grad=False, gate_in_kernel=True, **shape)
+    cu = x.pop("cu_seqlens", None)
     static = {n: (t.cuda().requires_grad_(True) if t is not None else None) for n, t in x.items()}
-    do = torch.randn(2, 130, 4, 64, device="cuda")
+    do = torch.randn(static["v"].shape, device="cuda")
     kw = dict(use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True)
+    if cu is not None:
+        kw.update(cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
 
     def step():
         for t in static.values():
@@ -168,7 +190,9 @@ def test_forward_backward_in_one_cuda_graph():
         return [o.detach()] + [static[n].grad for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")]
 
     graph, captured = capture_graph(step)
-    fresh = make_inputs(requires_grad=False, B=2, T=130, H=2, HV=4, K=64, V=64, gate_in_kernel=True)
+    torch.manual_seed(1)
+    fresh = make_inputs(requires_grad=False, gate_in_kernel=True, **shape)
+    fresh.pop("cu_seqlens", None)
     with torch.no_grad():
         for name, t in fresh.items():
             if t is not None:
