@@ -7,6 +7,8 @@
 // reads T as the forward stored it and forms neither P, A nor the inverse: the same W and U bits.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
@@ -27,20 +29,28 @@ template <typename In>
 struct IntraConfig {
   static constexpr bool kNarrow = sizeof(In) == 2;
   static constexpr int kThreads = kNarrow ? 256 : 512;
-  static constexpr int kMinBlocks = kNarrow ? 2 : 1;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kSub = 16;  // sub-chunk rows
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
+  // Resident blocks per SM: three of the recompute at the common shape (68 KB of shared memory
+  // each in its layout below, 71 registers a thread under the 80 that three blocks leave).
+  template <typename Dims, bool kRecompute>
+  static constexpr int min_blocks() {
+    if constexpr (!kNarrow) return 1;
+    else return kRecompute && std::is_same_v<Dims, CommonDims> ? 3 : 2;
+  }
 };
 
 // Shared memory, offsets in bytes. Row strides keep the mma fragment reads free of bank conflicts:
 // 4 words (mod 32) for operands read as (row g, column t), 8 (mod 32) for B operands read as
 // (row t, column g) (g = lane / 4, t = lane % 4); a 16-bit row of Kp + 8 elements is 4 words (mod 32)
 // when Kp is a multiple of 64, and two lanes reading one word do not conflict.
-template <typename In>
+// kRecompute (no P, A or inverse) takes three rooms: q's, which holds a 16-bit g as loaded first
+// (q then comes after F1's first pass) and T as stored last; k's, which takes v last; and g's.
+template <typename In, bool kRecompute = false>
 struct IntraLayout {
   int ldk, ldv, ldg, ldc;  // elements: q and k (In), v (In), gamma (fp32), A and T (fp32)
-  int q, k, g, va, T, Y, beta, scale_q, scale_k, bytes;
+  int q, k, g, g16, A, v, T, Y, beta, scale_q, scale_k, bytes;
 
   __host__ __device__ IntraLayout(int C, int K, int V) {
     constexpr int kSub = IntraConfig<In>::kSub, kIn = sizeof(In);
@@ -49,15 +59,23 @@ struct IntraLayout {
     ldv = Vp + 8;
     ldg = Kp + 4;
     ldc = C + 4;
-    const int v_bytes = C * ldv * kIn, a_bytes = C * ldc * 4, g16_bytes = C * Kp * 2;
-    q = 0;                                          // [C, ldk] q as given (l2 norm: scale_q)
-    k = q + C * ldk * kIn;                          // [C, ldk] k as given (l2 norm: scale_k)
-    g = k + C * ldk * kIn;                          // [C, ldg] a_t, then gamma * log2(e), then K_up
-    va = g + C * ldg * 4;  // [C, Kp] a 16-bit g as loaded, then [C, ldc] A (strictly lower), then [C, ldv] v
-    const int va_bytes = v_bytes > a_bytes ? v_bytes : a_bytes;
-    T = va + (va_bytes > g16_bytes ? va_bytes : g16_bytes);  // [C, ldc] P (staged), then (I + A)^-1
-    Y = T + C * ldc * 4;                            // [C / 16 - 1, 16, 16] partial products of T
-    beta = Y + (C / kSub - 1) * kSub * kSub * 4;    // [C]
+    const int qk_bytes = C * ldk * kIn, v_bytes = C * ldv * kIn, a_bytes = C * ldc * 4, g16_bytes = C * Kp * 2;
+    auto larger = [](int x, int y) { return x > y ? x : y; };
+    q = 0;  // [C, ldk] q as given (l2 norm: scale_q)
+    if constexpr (kRecompute) {
+      g16 = T = A = q;                                       // [C, Kp] a 16-bit g; [C, ldc] T (no A)
+      k = larger(larger(qk_bytes, a_bytes), g16_bytes);      // [C, ldk] k as given, then [C, ldv] v
+      v = k;
+      g = k + larger(qk_bytes, v_bytes);                     // [C, ldg] a_t, then gamma * log2(e), then K_up
+      Y = g + C * ldg * 4;                                   // [Kp] gamma's last row
+    } else {
+      k = q + qk_bytes;                                      // [C, ldk] k as given (l2 norm: scale_k)
+      g = k + qk_bytes;                                      // [C, ldg] a_t, then gamma * log2(e), then K_up
+      g16 = A = v = g + C * ldg * 4;  // [C, Kp] a 16-bit g as loaded, then [C, ldc] A (strictly lower), then [C, ldv] v
+      T = A + larger(larger(v_bytes, a_bytes), g16_bytes);  // [C, ldc] P (staged), then (I + A)^-1
+      Y = T + a_bytes;                                       // [C / 16 - 1, 16, 16] partial products of T
+    }
+    beta = Y + (kRecompute ? Kp : (C / kSub - 1) * kSub * kSub) * 4;  // [C]
     scale_q = beta + C * 4;                         // [C]
     scale_k = scale_q + C * 4;                      // [C]
     bytes = scale_k + C * 4;
@@ -325,7 +343,7 @@ __device__ __forceinline__ void p_a_and_inverse(const ForwardParams& p, const In
 }
 
 template <Products kP, typename In, typename Dims, bool kRecompute>
-__global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kMinBlocks)
+__global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::template min_blocks<Dims, kRecompute>())
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
@@ -334,15 +352,15 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int C = Dims::chunk(p), K = Dims::k(p), V = Dims::v(p), l = static_cast<int>(c.rows);
   const int Kp = Config::padded(K), Vp = Config::padded(V);
   const int live = ceil_div(l, kSub);  // sub-chunks holding tokens
-  const IntraLayout<In> L(C, K, V);
+  const IntraLayout<In, kRecompute> L(C, K, V);
   const int ldk = L.ldk, ldv = L.ldv, ldg = L.ldg, ldc = L.ldc;
   extern __shared__ __align__(16) char smem_bytes[];
   In* q = reinterpret_cast<In*>(smem_bytes + L.q);
   In* k = reinterpret_cast<In*>(smem_bytes + L.k);
   float* g = reinterpret_cast<float*>(smem_bytes + L.g);  // a_t (F1's gate), gamma * log2(e), then K_up
-  uint16_t* g16 = reinterpret_cast<uint16_t*>(smem_bytes + L.va);  // a 16-bit g's bits, until the gate reads them
-  float* A = reinterpret_cast<float*>(smem_bytes + L.va);
-  In* vs = reinterpret_cast<In*>(smem_bytes + L.va);  // once A is dead
+  uint16_t* g16 = reinterpret_cast<uint16_t*>(smem_bytes + L.g16);  // a 16-bit g's bits, until the gate reads them
+  float* A = reinterpret_cast<float*>(smem_bytes + L.A);
+  In* vs = reinterpret_cast<In*>(smem_bytes + L.v);  // once A (k with kRecompute) is dead
   float* T = reinterpret_cast<float*>(smem_bytes + L.T);
   float* Y = reinterpret_cast<float*>(smem_bytes + L.Y);
   float* beta = reinterpret_cast<float*>(smem_bytes + L.beta);
@@ -358,26 +376,35 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   const int64_t io_k = static_cast<int64_t>(p.io_HV) * K, io_v = static_cast<int64_t>(p.io_HV) * V;
   const int64_t qk_first = (c.io_row * p.io_H + qk_head) * K;
   const DType g_dtype = p.gate.g_dtype;
+  // With kRecompute a 16-bit g takes q's room until F1's first pass has read it; q comes after.
+  const bool q_after_gate = kRecompute && g_dtype != DType::kF32;
+  auto load_q = [&] {
+    if constexpr (Config::kNarrow) {
+      copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
+      cp_async_commit();
+    } else {
+      load_rows_as_float(q, ldk, p.q, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+    }
+  };
   if (g_dtype == DType::kF32) {
     copy_rows_async(g, ldg, static_cast<const float*>(p.gate.g) + io_at(0) * K, io_k, C, Kp, l, K);
   } else {
     copy_rows16_async(g16, Kp, static_cast<const uint16_t*>(p.gate.g) + io_at(0) * K, io_k, C, Kp, l, K);
   }
   if constexpr (Config::kNarrow) {
-    copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
+    if (!q_after_gate) copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
   }
-  if constexpr (kRecompute) {  // T as stored (rows of the inputs as given), its rows past l zero
-    copy_rows_async(T, ldc, p.ws.T + io_at(0) * C, static_cast<int64_t>(p.io_HV) * C, C, C, l, C);
-  }
   cp_async_commit();
-  {  // v and beta, loaded later: asked into L2 first
+  {  // v and beta (and the stored T), loaded later: asked into L2 first
     const int v_size = element_bytes(p.v_dtype), beta_size = element_bytes(p.beta_dtype);
     prefetch_rows_l2(static_cast<const char*>(p.v) + io_at(0) * V * v_size, v_size * io_v, l, v_size * V);
     for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + io_at(r) * beta_size);
+    if constexpr (kRecompute) prefetch_rows_l2(p.ws.T + io_at(0) * C, 4 * p.io_HV * C, l, 4 * C);
   }
   if constexpr (!Config::kNarrow) {
-    load_rows_as_float<2>({{q, k}}, ldk, {{p.q, p.k}}, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+    if (q_after_gate) load_rows_as_float(k, ldk, p.k, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
+    else load_rows_as_float<2>({{q, k}}, ldk, {{p.q, p.k}}, p.qk_dtype, qk_first, stride_qk, C, Kp, l, K);
   }
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, io_at(r))) : 0.f;
@@ -400,6 +427,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
   }
   __syncthreads();
   if constexpr (!kRecompute) zero(A);  // over the 16-bit g, now read
+  if (q_after_gate) load_q();
   // gamma, the cumsum of each column in row order as F1 alone sums it: in log2 units in place, and as
   // is for the backward's stages (gamma, and gamma_L for the state passes).
   for (int d = tid; d < K; d += nthreads) {
@@ -409,6 +437,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
           g[r * ldg + d] = sum * kLog2e;
           if (gamma != nullptr) gamma[r * stride_k] = sum;
         });
+  }
+  if (q_after_gate) {
+    cp_async_wait<0>();
+    __syncthreads();
   }
   row_scales(q, l, C, K, ldk, p.l2norm, scale_q);
   row_scales(k, l, C, K, ldk, p.l2norm, scale_k);
@@ -426,23 +458,20 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
     }
   }
 
-  if constexpr (!kRecompute) p_a_and_inverse<kP>(p, tiles, C, Kp, l, row_at(0) * C);
-
-  // A is dead: v into its place.
-  if constexpr (Config::kNarrow) {
-    copy_rows16_async(vs, ldv, static_cast<const In*>(p.v) + io_at(0) * V, io_v, C, Vp, l, V);
-    cp_async_commit();
-  } else {
-    load_rows_as_float(vs, ldv, p.v, p.v_dtype, io_at(0) * V, io_v, C, Vp, l, V);
-  }
-  if (!kRecompute && p.ws.T != nullptr) {
-    store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
-  }
-  __syncthreads();
+  auto load_v = [&] {  // into A's room once A is dead (k's with kRecompute)
+    if constexpr (Config::kNarrow) {
+      copy_rows16_async(vs, ldv, static_cast<const In*>(p.v) + io_at(0) * V, io_v, C, Vp, l, V);
+      cp_async_commit();
+    } else {
+      load_rows_as_float(vs, ldv, p.v, p.v_dtype, io_at(0) * V, io_v, C, Vp, l, V);
+    }
+  };
   // T diag(beta) in place, stored as an operand: U = (T diag(beta)) V, then W = (T diag(beta)) K_up.
-  for_each_cell<4>(C, C / 4, 0, ldc, [&](int, int i, int64_t, int s) {
-    store4(T + s, map4([](float x, float b) { return as_operand<kP>(x * b); }, load4(T + s), load4(beta + i)));
-  });
+  auto scale_T_columns = [&] {
+    for_each_cell<4>(C, C / 4, 0, ldc, [&](int, int i, int64_t, int s) {
+      store4(T + s, map4([](float x, float b) { return as_operand<kP>(x * b); }, load4(T + s), load4(beta + i)));
+    });
+  };
   // Warp tasks are (row tile, 32 columns); row tile R reads T's columns below 16 (R + 1) only (T is
   // lower triangular). W, K_down and Q_up are stored as operands of the state passes' products
   // (Operand<kP>).
@@ -463,31 +492,63 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::kM
       });
     }
   };
-  // The last row of gamma, which every K_down row reads, to the free scratch Y ((C / 16 - 1) 256
-  // floats: at least 256 >= Kp for the chunk sizes 32 and 64 and K <= 128 that Problem and
+  auto product_U = [&] { product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); }); };
+  auto product_W = [&] { product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) { return g[i * ldg + e]; }); };
+  // The last row of gamma, which every K_down row reads, to the free scratch Y (at least Kp floats:
+  // (C / 16 - 1) 256 >= Kp for the chunk sizes 32 and 64 and K <= 128 that Problem and
   // check_supported admit): the pass below then turns gamma into K_up in place.
   float* g_last = Y;
-  for (int d = tid; d < Kp; d += nthreads) g_last[d] = g[(l - 1) * ldg + d];
-  cp_async_wait<0>();
-  __syncthreads();
-  product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); });
+  auto keep_last_gamma = [&] {
+    for (int d = tid; d < Kp; d += nthreads) g_last[d] = g[(l - 1) * ldg + d];
+  };
   // Q_up = q_hat exp(gamma), K_down = k_hat exp(gamma_L - gamma), and K_up = k_hat exp(gamma) in place
   // of gamma, stored as an operand.
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
-  for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
-    const float4 gr = load4(g + s), kr = tiles.k4(r, d);
-    const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
-    if (r < l) {
-      store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, tiles.q4(r, d), up), K - d, vector);
-      const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
-                               load4(g_last + d), gr);
-      store_first(k_down + at, down, K - d, vector);
-    }
-    store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
-  });
-  __syncthreads();
-  product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) { return g[i * ldg + e]; });
+  auto form_operands = [&] {
+    for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
+      const float4 gr = load4(g + s), kr = tiles.k4(r, d);
+      const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
+      if (r < l) {
+        store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, tiles.q4(r, d), up), K - d, vector);
+        const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
+                                 load4(g_last + d), gr);
+        store_first(k_down + at, down, K - d, vector);
+      }
+      store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
+    });
+  };
+
+  if constexpr (kRecompute) {
+    keep_last_gamma();
+    __syncthreads();
+    form_operands();
+    __syncthreads();
+    // q and k are dead: T as stored (rows of the inputs as given, its rows past l zero) into q's
+    // room, v into k's.
+    copy_rows_async(T, ldc, p.ws.T + io_at(0) * C, static_cast<int64_t>(p.io_HV) * C, C, C, l, C);
+    cp_async_commit();
+    load_v();
+    cp_async_wait<0>();
+    __syncthreads();
+    scale_T_columns();
+    __syncthreads();
+    product_U();
+    product_W();
+  } else {
+    p_a_and_inverse<kP>(p, tiles, C, Kp, l, row_at(0) * C);
+    load_v();
+    if (p.ws.T != nullptr) store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
+    __syncthreads();
+    scale_T_columns();
+    keep_last_gamma();
+    cp_async_wait<0>();
+    __syncthreads();
+    product_U();
+    form_operands();
+    __syncthreads();
+    product_W();
+  }
 }
 
 }  // namespace fkt::cuda

@@ -148,10 +148,11 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
       } else {
         with_dims<decltype(kp)::value>(p, [&](auto dims) {
           with_flag(params.ws.recompute, [&](auto recompute) {
-            const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), decltype(recompute)::value>;
-            prefer_max_shared(kernel);  // two blocks of about 105 KB
+            constexpr bool kRecompute = decltype(recompute)::value;
+            const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute>;
+            prefer_max_shared(kernel);  // two blocks of about 105 KB, three of the recompute's 68 KB
             launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
-                   IntraLayout<In>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+                   IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
           });
         });
       }
