@@ -9,6 +9,22 @@ from kda_cases import LEAVES, WIDE, capture_graph, make_inputs, needs_cuda, rel_
 
 pytestmark = needs_cuda
 
+def record_plans(monkeypatch):
+    """The (backward workspace, saved) bytes of every call planned from now on, in order."""
+    from flash_kda_train import _abi
+
+    planned = _abi.Call.sizes
+    plans = []
+
+    def recorded(call):
+        sizes = planned(call)
+        plans.append((sizes.backward_workspace_bytes, sizes.saved_bytes))
+        return sizes
+
+    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+    return plans
+
+
 CASES = [
     dict(),
     dict(gate_in_kernel=True),
@@ -160,9 +176,7 @@ def graph_shape(path):
     if path == "time-segments":
         return dict(B=2, T=1100, H=2, HV=4, K=64, V=64)
     HV = 8 * -(-torch.cuda.get_device_properties(0).multi_processor_count // 32)
-    offsets = [0]
-    for length in SEQUENCE_GROUP_LENGTHS:
-        offsets.append(offsets[-1] + length)
+    offsets = sequence_group_offsets()
     return dict(B=1, T=offsets[-1], H=HV, HV=HV, K=128, V=128, cu_seqlens=offsets)
 
 
@@ -284,8 +298,6 @@ def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gv
     """The backward runs on two head groups in turn when each still gives the state passes a block
     per SM (cuda/sm90/backward/views.hpp), in one group's workspace: the call's workspace is
     that of a call on half its heads, and every gradient is bitwise that of calls on each half."""
-    from flash_kda_train import _abi
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     HV = 4 * -(-sms // 8)  # V-tiles x HV / 2 >= sms: two groups; a half alone (HV / 2 x 4 < 2 sms) one
     H, K, T = HV // gva, 128, 130
@@ -294,15 +306,7 @@ def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gv
                     requires_grad=False)
     do = torch.randn(x["v"].shape).to(dtype).cuda()
     dht = torch.randn(x["initial_state"].shape).cuda()
-    workspace = []
-    planned = _abi.Call.sizes
-
-    def recorded(call):
-        sizes = planned(call)
-        workspace.append(sizes.backward_workspace_bytes)
-        return sizes
-
-    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+    plans = record_plans(monkeypatch)
 
     def step(h0, h1):
         qk = slice(h0 // gva, h1 // gva)
@@ -319,6 +323,7 @@ def test_head_groups_give_the_bits_of_calls_on_each_group(monkeypatch, dtype, gv
 
     whole = step(0, HV)
     halves = [step(0, HV // 2), step(HV // 2, HV)]
+    workspace = [backward for backward, _ in plans]
     assert len(workspace) >= 3 and len(set(workspace)) == 1, workspace
     head_dim = {"q": 2, "k": 2, "v": 2, "g": 2, "beta": 2, "initial_state": 1, "A_log": 0, "dt_bias": 0}
     for name, grad in whole.items():
@@ -342,23 +347,13 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
     forward is the same bit for bit, and every gradient of the segments is as close to the fp64 gold
     as the one pass's (they differ by the rounding of the state gradients handed between segments
     and the order of the parameter gradients' sums)."""
-    from flash_kda_train import _abi
-
     HV, K = 4, 128
     H = HV // gva
     torch.manual_seed(0)
     x = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True, requires_grad=False)
     do = torch.randn(x["v"].shape).to(dtype)
     dht = torch.randn(x["initial_state"].shape)
-    sizes = []
-    planned = _abi.Call.sizes
-
-    def recorded(call):
-        s = planned(call)
-        sizes.append((s.backward_workspace_bytes, s.saved_bytes))
-        return s
-
-    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+    sizes = record_plans(monkeypatch)
     kw = dict(use_gate_in_kernel=True, lower_bound=-5.0, safe_gate=True, use_qk_l2norm_in_kernel=l2norm,
               output_final_state=True, chunk_size=chunk)
 
@@ -400,6 +395,13 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
 # the wgmma passes, with bwd_intra's dq and dk, and through bwd_prepare with GVA and l2norm;
 # float16 and float32 on the mma.sync passes.
 SEQUENCE_GROUP_LENGTHS = [1, 0, 129, 500, 130, 470, 64, 300, 300]
+
+
+def sequence_group_offsets():
+    offsets = [0]
+    for length in SEQUENCE_GROUP_LENGTHS:
+        offsets.append(offsets[-1] + length)
+    return offsets
 SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, True, True),
                         (torch.float16, 1, True, False), (torch.float32, 2, False, True)]
 
@@ -411,29 +413,17 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
     largest group's workspace: every gradient, dA_log and ddt_bias included, is bitwise that of the
     one pass on the forward's kept workspace (disable_recompute), and the workspace is the largest
     group's share of the call's."""
-    from flash_kda_train import _abi
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     HV, K = 8 * -(-sms // 32), 128  # 4 V-tiles x HV >= sms: every group gives a block per SM
     H = HV // gva
-    offsets = [0]
-    for length in SEQUENCE_GROUP_LENGTHS:
-        offsets.append(offsets[-1] + length)
+    offsets = sequence_group_offsets()
     torch.manual_seed(0)
     x = make_inputs(B=1, T=offsets[-1], H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True,
                     beta_logits=beta_logits, cu_seqlens=offsets, requires_grad=False)
     c = {n: t.cuda() for n, t in x.items() if t is not None}
     do = torch.randn(c["v"].shape, device="cuda").to(dtype)
     dht = torch.randn(c["initial_state"].shape, device="cuda")
-    workspace = []
-    planned = _abi.Call.sizes
-
-    def recorded(call):
-        sizes = planned(call)
-        workspace.append(sizes.backward_workspace_bytes)
-        return sizes
-
-    monkeypatch.setattr(_abi.Call, "sizes", recorded)
+    plans = record_plans(monkeypatch)
 
     def step(disable_recompute):
         leaves = {n: c[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "initial_state", "A_log",
@@ -445,12 +435,12 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
         return {n: t.grad for n, t in leaves.items()}
 
     grouped = step(False)
-    grouped_workspace = workspace[-1]
+    grouped_workspace = plans[-1][0]
     one_pass = step(True)
     for name, grad in one_pass.items():
         assert torch.equal(grouped[name], grad), name
     largest = max(664 / offsets[-1], 12 / 34)  # the largest group's share of the tokens and of the chunks
-    assert grouped_workspace < 1.05 * largest * workspace[-1], (grouped_workspace, workspace[-1])
+    assert grouped_workspace < 1.05 * largest * plans[-1][0], (grouped_workspace, plans[-1][0])
 
 
 @pytest.mark.parametrize("T,packed,disable_recompute", [(100, False, False), (1024, False, False),
