@@ -175,7 +175,7 @@ def graph_shape(path):
         return dict(B=2, T=130, H=2, HV=4, K=64, V=64)
     if path == "time-segments":
         return dict(B=2, T=1100, H=2, HV=4, K=64, V=64)
-    HV = 8 * -(-torch.cuda.get_device_properties(0).multi_processor_count // 32)
+    HV = sequence_group_value_heads()
     offsets = sequence_group_offsets()
     return dict(B=1, T=offsets[-1], H=HV, HV=HV, K=128, V=128, cu_seqlens=offsets)
 
@@ -389,12 +389,15 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
         assert rel_rms(segmented[leaf], one_pass[leaf]) <= 0.1 * err_one_pass + 1e-6, grad
 
 
-# (dtype, query/key heads per value head, l2norm, beta logits): sequence groups of varlen inputs
-# (cuda/sm90/sequence_groups.hpp): nine sequences (a length-1 and an empty one, tails inside a
-# chunk) of 34 chunks in three groups of 12, 12 and 10 chunks (630, 664 and 600 tokens); bf16 on
-# the wgmma passes, with bwd_intra's dq and dk, and through bwd_prepare with GVA and l2norm;
-# float16 and float32 on the mma.sync passes.
-SEQUENCE_GROUP_LENGTHS = [1, 0, 129, 500, 130, 470, 64, 300, 300]
+# Ten sequences (a length-1 one, an empty one inside the first group and one ending it, tails
+# inside a chunk) of 34 chunks, in three groups of 12, 12 and 10 chunks (630, 664 and 600 tokens).
+SEQUENCE_GROUP_LENGTHS = [1, 0, 129, 500, 0, 130, 470, 64, 300, 300]
+
+
+def sequence_group_value_heads():
+    """Value heads at which each sequence alone gives the state passes a block per SM (4 V-tiles of
+    32 columns x HV >= the SM count), so that every group does."""
+    return 8 * -(-torch.cuda.get_device_properties(0).multi_processor_count // 32)
 
 
 def sequence_group_offsets():
@@ -402,6 +405,31 @@ def sequence_group_offsets():
     for length in SEQUENCE_GROUP_LENGTHS:
         offsets.append(offsets[-1] + length)
     return offsets
+
+
+def largest_group_share(lengths, chunk=64, most=3):
+    """The largest share of the tokens or chunks that one of the sequence groups takes, the groups as
+    sequence_groups.hpp defines them: filled in order, each ending before the sequence that would
+    take it past a bound, under the least bound that makes at most `most` of them."""
+    chunks = [-(-length // chunk) for length in lengths]
+
+    def fill(bound):
+        groups = [[]]
+        for n, c in enumerate(chunks):
+            if groups[-1] and sum(chunks[m] for m in groups[-1]) + c > bound:
+                groups.append([])
+            groups[-1].append(n)
+        return groups
+
+    bound = next(b for b in range(max(chunks), sum(chunks) + 1) if len(fill(b)) <= most)
+    return max(max(sum(lengths[n] for n in g) / sum(lengths), sum(chunks[n] for n in g) / sum(chunks))
+               for g in fill(bound))
+
+
+# (dtype, query/key heads per value head, l2norm, beta logits): sequence groups of varlen inputs
+# (cuda/sm90/sequence_groups.hpp) of SEQUENCE_GROUP_LENGTHS; bf16 on the wgmma passes, with
+# bwd_intra's dq and dk, and through bwd_prepare with GVA and l2norm; float16 and float32 on the
+# mma.sync passes.
 SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, True, True),
                         (torch.float16, 1, True, False), (torch.float32, 2, False, True)]
 
@@ -413,8 +441,7 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
     largest group's workspace: every gradient, dA_log and ddt_bias included, is bitwise that of the
     one pass on the forward's kept workspace (disable_recompute), and the workspace is the largest
     group's share of the call's."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    HV, K = 8 * -(-sms // 32), 128  # 4 V-tiles x HV >= sms: every group gives a block per SM
+    HV, K = sequence_group_value_heads(), 128
     H = HV // gva
     offsets = sequence_group_offsets()
     torch.manual_seed(0)
@@ -439,7 +466,7 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
     one_pass = step(True)
     for name, grad in one_pass.items():
         assert torch.equal(grouped[name], grad), name
-    largest = max(664 / offsets[-1], 12 / 34)  # the largest group's share of the tokens and of the chunks
+    largest = largest_group_share(SEQUENCE_GROUP_LENGTHS)
     assert grouped_workspace < 1.05 * largest * plans[-1][0], (grouped_workspace, plans[-1][0])
 
 

@@ -235,7 +235,8 @@ __device__ __forceinline__ void store_rows(float* dst, int64_t stride, const flo
 
 // store_rows into global rows of a dtype known at run time, from element `offset` of base: fp32 as
 // above, other dtypes rounded to nearest by pairs of adjacent columns (cols even); and, when `copy`
-// is set, in fp32 to its elements from the same offset in the same pass (16-byte aligned rows).
+// is set, in fp32 to its elements from the same offset in the same pass (by 8-byte pairs for a
+// 16-bit base: copy 8-byte aligned, offset and stride even).
 __device__ __forceinline__ void store_rows(void* base, DType dtype, int64_t offset, int64_t stride, const float* src,
                                            int ld, int rows, int cols, float* copy = nullptr) {
   if (copy != nullptr) copy += offset;

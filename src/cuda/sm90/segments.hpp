@@ -14,6 +14,10 @@
 
 namespace fkt::cuda {
 
+// At most three parts of the backward's time segments or sequence groups (sequence_groups.hpp),
+// of at least eight chunks each: each part more costs the kernels' tails and launches.
+constexpr int64_t kMostParts = 3, kLeastPartChunks = 8;
+
 struct TimeSegments {
   int64_t count = 1;   // ranges of each batch row
   int64_t length = 0;  // tokens of each but the last: a multiple of the chunk size (T when one)
@@ -25,10 +29,9 @@ struct TimeSegments {
 // Up to three ranges of at least eight chunks each, of dense inputs whose backward recomputes (a
 // forward workspace kept for it holds every token; varlen sequences end anywhere in a range).
 inline TimeSegments time_segments(const Problem& p) {
-  constexpr int64_t kMostRanges = 3, kLeastChunks = 8;
   if (p.varlen || p.keep_forward) return {1, p.T};
   const int64_t chunks = ceil_div(p.T, p.chunk);
-  const int count = static_cast<int>(std::min(kMostRanges, chunks / kLeastChunks));
+  const int count = static_cast<int>(std::min(kMostParts, chunks / kLeastPartChunks));
   if (count < 2) return {1, p.T};
   const int64_t length = ceil_div(chunks, count) * p.chunk;
   return {ceil_div(p.T, length), length};

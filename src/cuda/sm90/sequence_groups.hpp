@@ -14,6 +14,7 @@
 #include "cuda/common/device_limits.hpp"
 #include "cuda/common/round_up.hpp"
 #include "cuda/sm90/forward/state_config.hpp"
+#include "cuda/sm90/segments.hpp"
 
 namespace fkt::cuda {
 
@@ -25,47 +26,52 @@ struct SequenceGroups {
 
 namespace detail {
 
-inline int64_t chunks_of(const Problem& p, int64_t n) { return ceil_div(p.sequences[n].length, p.chunk); }
+// The chunk row past sequence n's last chunk.
+inline int64_t chunks_end(const Problem& p, int64_t n) {
+  return n + 1 < p.N ? p.sequences[n + 1].chunk_offset : p.num_chunks;
+}
 
-// The first sequence of each group when groups of at most `bound` chunks are filled in order (each
-// with at least one sequence), then N.
-inline std::vector<int64_t> fill_groups(const Problem& p, int64_t bound) {
+// The first sequence of each group, then N, when groups of at most `bound` chunks (at least any one
+// sequence's) are filled in order; empty when that makes more than `most` groups. A group ends
+// before the first sequence that would take it past the bound: a binary search over the sequences'
+// chunk offsets, so a call of many sequences costs a few searches, not a pass per bound tried.
+inline std::vector<int64_t> fill_groups(const Problem& p, int64_t bound, int64_t most) {
   std::vector<int64_t> first{0};
-  int64_t filled = 0;
-  for (int64_t n = 0; n < p.N; ++n) {
-    const int64_t chunks = chunks_of(p, n);
-    if (filled + chunks > bound && n > first.back()) {
-      first.push_back(n);
-      filled = 0;
+  while (first.back() < p.N) {
+    if (static_cast<int64_t>(first.size()) > most) return {};
+    const int64_t limit = p.sequences[first.back()].chunk_offset + bound;
+    int64_t lo = first.back(), hi = p.N;  // the first sequence ending past limit, N if none
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (chunks_end(p, mid) > limit) hi = mid;
+      else lo = mid + 1;
     }
-    filled += chunks;
+    first.push_back(lo);
   }
-  first.push_back(p.N);
   return first;
 }
 
 }  // namespace detail
 
 // Up to three groups of at least eight chunks on average, the largest group as small as it can be,
-// for a recomputing varlen backward whose largest group holds at most half the call's chunks (fewer
-// than two head groups would: views.hpp) and whose every group gives the state passes a block per
-// SM (N sequences x value heads x V-tiles), so that each group takes no more waves than the call.
-// One group (the whole call) otherwise.
+// for a recomputing varlen backward whose largest group holds at most half the call's chunks (no
+// more than either of two head groups would: views.hpp) and whose every group gives the state
+// passes a block per SM (sequences x value heads x V-tiles of 32 columns, the convention of the
+// head groups; the wgmma passes take 64), so that no group leaves SMs without one. One group (the
+// whole call) otherwise.
 inline SequenceGroups sequence_groups(const Problem& p) {
-  constexpr int64_t kMostGroups = 3, kLeastChunks = 8;
   const SequenceGroups whole{{0, p.N}};
   if (!p.varlen || p.keep_forward) return whole;
-  const int64_t groups = std::min(kMostGroups, p.num_chunks / kLeastChunks);
+  const int64_t groups = std::min(kMostParts, p.num_chunks / kLeastPartChunks);
   if (groups < 2) return whole;
   // The least bound on a group's chunks at which filling in order makes at most `groups` groups.
-  int64_t lo = 0, hi = p.num_chunks;
-  for (int64_t n = 0; n < p.N; ++n) lo = std::max(lo, detail::chunks_of(p, n));
+  int64_t lo = ceil_div(p.max_length, p.chunk), hi = p.num_chunks;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (static_cast<int64_t>(detail::fill_groups(p, mid).size()) - 1 <= groups) hi = mid;
+    if (!detail::fill_groups(p, mid, groups).empty()) hi = mid;
     else lo = mid + 1;
   }
-  SequenceGroups best{detail::fill_groups(p, hi)};
+  SequenceGroups best{detail::fill_groups(p, hi, groups)};
   if (best.count() < 2 || 2 * hi > p.num_chunks) return whole;
   const int64_t blocks_per_sequence = StateConfig::tiles(static_cast<int>(p.V)) * p.HV;
   for (int64_t g = 0; g < best.count(); ++g) {
@@ -97,15 +103,18 @@ inline Problem sequence_group_problem(const Problem& p, const SequenceGroups& gr
 // The largest group in each extent (tokens, chunks, sequences): the problem the workspace that the
 // groups share is carved for.
 inline Problem sequence_group_bound(const Problem& p, const SequenceGroups& groups) {
-  Problem bound = sequence_group_problem(p, groups, 0);
-  for (int64_t g = 1; g < groups.count(); ++g) {
-    const Problem part = sequence_group_problem(p, groups, g);
-    bound.T = std::max(bound.T, part.T);
-    bound.num_chunks = std::max(bound.num_chunks, part.num_chunks);
-    bound.N = std::max(bound.N, part.N);
+  Problem bound = p;
+  bound.T = bound.num_chunks = bound.N = 0;
+  bound.sequences.clear();
+  for (int64_t g = 0; g < groups.count(); ++g) {
+    const int64_t begin = groups.first[g], end = groups.first[g + 1];
+    const Sequence& first = p.sequences[begin];
+    const int64_t tokens = (end < p.N ? p.sequences[end].t_begin : p.T) - first.t_begin;
+    bound.T = std::max(bound.T, tokens);
+    bound.num_chunks = std::max(bound.num_chunks, detail::chunks_end(p, end - 1) - first.chunk_offset);
+    bound.N = std::max(bound.N, end - begin);
   }
   bound.max_length = bound.T;
-  bound.sequences.clear();
   return bound;
 }
 

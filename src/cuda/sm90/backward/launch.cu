@@ -286,10 +286,8 @@ void backward_sequence_groups(const Problem& p, const fkt_backward_io& io, const
     const Problem part = sequence_group_problem(p, groups, g);
     const Sequence& first = p.sequences[groups.first[g]];
     BackwardParams params = sequence_group_view(make_params(part, io, layout, saved), part, first.t_begin,
-                                                groups.first[g]);
+                                                groups.first[g], arrays.group_offsets);
     rebased_offsets(p, groups.first[g], part.N, arrays.group_offsets, stream);
-    params.fwd.cu_seqlens = arrays.group_offsets;
-    params.fwd.offsets_dtype = DType::kI64;
     params.ws.dA_log_parts = arrays.dA_log_parts + first.chunk_offset * p.HV;
     params.ws.ddt_bias_parts = arrays.ddt_bias_parts + first.chunk_offset * p.HV * p.K;
     params.dA_log = params.ddt_bias = nullptr;  // reduced below

@@ -2,7 +2,7 @@
 // (docs/design.md, "The backward on head groups"), time segments (sm90/segments.hpp) or sequence
 // groups (sm90/sequence_groups.hpp). A part is a view of the call's tensors: its pointers start at
 // the part's first head, token or sequence, and ForwardParams' io_H, io_HV and io_T keep the
-// call's strides.
+// call's strides (a sequence group, of one batch row as every varlen call, has its own io_T).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,8 @@ namespace fkt::cuda {
 // passes a block for every SM (N sequences x value heads x V-tiles), so that they take no more
 // waves than the whole call (at 96 value heads of one sequence: 2 x 192 blocks against 384);
 // query/key heads split evenly (GVA groups stay whole). One with time segments, which keep every
-// block, with sequence groups, which take less than a half each, and when the forward's workspace
-// is read (keep_forward: laid out for all heads).
+// block, with sequence groups, which take at most a half each, and when the forward's workspace is
+// read (keep_forward: laid out for all heads).
 inline int backward_head_groups(const Problem& p) {
   if (p.keep_forward || p.H % 2 != 0 || time_segments(p).count > 1 || sequence_groups(p).count() > 1) return 1;
   const int64_t blocks = p.N * StateConfig::tiles(static_cast<int>(p.V)) * (p.HV / 2);
@@ -84,14 +84,18 @@ inline BackwardParams view_params(BackwardParams params, const Problem& p, int64
 }
 
 // params, made for the sequence group `part` of a varlen call, moved onto the group's view of the
-// call's tensors: the token rows by the group's first token t0, the states by its first sequence n0.
-inline BackwardParams sequence_group_view(const BackwardParams& params, const Problem& part, int64_t t0, int64_t n0) {
+// call's tensors: the token rows by the group's first token t0, the states by its first sequence n0,
+// and the offsets those of the group rebased to t0 (int64, on the device: `offsets`).
+inline BackwardParams sequence_group_view(const BackwardParams& params, const Problem& part, int64_t t0, int64_t n0,
+                                          const int64_t* offsets) {
   using detail::advance;
   BackwardParams view = view_params(params, part, t0 * part.H, t0 * part.HV, 0);
   const int64_t states = n0 * part.HV * part.K * part.V;
   view.fwd.initial_state = advance(view.fwd.initial_state, states, DType::kF32);
   view.d_final_state = advance(view.d_final_state, states, DType::kF32);
   view.dh0 = advance(view.dh0, states, DType::kF32);
+  view.fwd.cu_seqlens = offsets;
+  view.fwd.offsets_dtype = DType::kI64;
   return view;
 }
 

@@ -23,8 +23,9 @@
 namespace fkt::cuda {
 
 // In: how q, k and v sit in shared memory. 16-bit inputs (q, k and v of one dtype) keep their
-// dtype there, exactly, which halves those tiles and lets two blocks share an SM; anything else is
-// widened to fp32 and one block of 512 threads takes the SM.
+// dtype there, exactly, which halves those tiles and lets two blocks share an SM (three of the
+// recompute at the common shape); anything else is widened to fp32 and one block of 512 threads
+// takes the SM.
 template <typename In>
 struct IntraConfig {
   static constexpr bool kNarrow = sizeof(In) == 2;
