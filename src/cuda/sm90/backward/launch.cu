@@ -243,6 +243,22 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
   reduce_parameter_gradients(p, params, s);
 }
 
+// A part's params whose parameter-gradient partials fill the call's array from chunk row
+// `first_chunk`, reduced once after the last part (reduce_call_partials).
+void partials_into_call(const Problem& p, const PartArrays& arrays, int64_t first_chunk, BackwardParams& params) {
+  params.ws.dA_log_parts = arrays.dA_log_parts + first_chunk * p.HV;
+  params.ws.ddt_bias_parts = arrays.ddt_bias_parts + first_chunk * p.HV * p.K;
+  params.dA_log = params.ddt_bias = nullptr;
+}
+
+// dA_log and ddt_bias of the call (its params: `call`) from the parts' partials in the call's array.
+void reduce_call_partials(const Problem& p, BackwardParams call, const PartArrays& arrays, void* stream) {
+  call.ws.dA_log_parts = arrays.dA_log_parts;
+  call.ws.ddt_bias_parts = arrays.ddt_bias_parts;
+  const DeviceGuard device(p.device.device_id);
+  reduce_parameter_gradients(p, call, static_cast<cudaStream_t>(stream));
+}
+
 // The time segments from the last (segments.hpp): segment s starts from the state the forward kept
 // for it (the initial state for the first) and from the gradient of the state leaving it (the
 // later segment's dh0, or d_final_state for the last), and writes its rows of every gradient. The
@@ -262,16 +278,10 @@ void backward_segments(const Problem& p, const fkt_backward_io& io, const Backwa
     if (s > 0) params.fwd.initial_state = kept + (s - 1) * states;
     if (s < last) params.d_final_state = arrays.carry[(s + 1) % 2];
     if (s > 0) params.dh0 = arrays.carry[s % 2];
-    params.ws.dA_log_parts = arrays.dA_log_parts + s * segment_chunks * p.HV;
-    params.ws.ddt_bias_parts = arrays.ddt_bias_parts + s * segment_chunks * p.HV * p.K;
-    params.dA_log = params.ddt_bias = nullptr;  // reduced below
+    partials_into_call(p, arrays, s * segment_chunks, params);
     backward_part(part, params, stream);
   }
-  BackwardParams call = make_params(p, io, layout, saved);
-  call.ws.dA_log_parts = arrays.dA_log_parts;
-  call.ws.ddt_bias_parts = arrays.ddt_bias_parts;
-  const DeviceGuard device(p.device.device_id);
-  reduce_parameter_gradients(p, call, static_cast<cudaStream_t>(stream));
+  reduce_call_partials(p, make_params(p, io, layout, saved), arrays, stream);
 }
 
 // The sequence groups in order (sequence_groups.hpp): group g reads its rebased offsets, written
@@ -288,19 +298,14 @@ void backward_sequence_groups(const Problem& p, const fkt_backward_io& io, const
     BackwardParams params = sequence_group_view(make_params(part, io, layout, saved), part, first.t_begin,
                                                 groups.first[g], arrays.group_offsets);
     rebased_offsets(p, groups.first[g], part.N, arrays.group_offsets, stream);
-    params.ws.dA_log_parts = arrays.dA_log_parts + first.chunk_offset * p.HV;
-    params.ws.ddt_bias_parts = arrays.ddt_bias_parts + first.chunk_offset * p.HV * p.K;
-    params.dA_log = params.ddt_bias = nullptr;  // reduced below
+    partials_into_call(p, arrays, first.chunk_offset, params);
     backward_part(part, params, stream);
   }
   BackwardParams call = make_params(p, io, layout, saved);
   if (!parameter_gradients(p, call)) return;
   call.fwd.ws.chunk_offsets = arrays.call_chunk_offsets;
-  call.ws.dA_log_parts = arrays.dA_log_parts;
-  call.ws.ddt_bias_parts = arrays.ddt_bias_parts;
   chunk_offsets(p, call.fwd, stream);
-  const DeviceGuard device(p.device.device_id);
-  reduce_parameter_gradients(p, call, static_cast<cudaStream_t>(stream));
+  reduce_call_partials(p, call, arrays, stream);
 }
 
 }  // namespace
