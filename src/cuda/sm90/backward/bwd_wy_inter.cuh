@@ -29,6 +29,8 @@ struct WyInterConfig {
   static constexpr int kCols = 32;   // columns of a warp tile
   static constexpr int kTileV = 32;  // state columns per pass of phase 1
   static constexpr int kRowGroups = 4;  // thread groups splitting the rows of the gamma_L sum
+  // Cells (4 columns of a row) of the element-wise passes per thread: C * Kp / 4 <= 64 * 128 / 4.
+  static constexpr int kCellsPerThread = 4;
   __host__ __device__ static constexpr int padded(int x) { return round_up<8>(x); }
 };
 
@@ -43,7 +45,8 @@ inline constexpr bool kBf16DoAtCommonShape = std::is_same_v<Dims, CommonDims> &&
 // (row g, column t) free of bank conflicts, T's stride 8 (mod 32) its transposed reads.
 struct WyInterLayout {
   int ldb = 0, lds = 0, ldt = 0, ldv = 0;
-  int b0 = 0, b1 = 0, b2 = 0, region = 0, carry = 0, part = 0, rows_part = 0, dots = 0, bars = 0, floats = 0;
+  int b0 = 0, b1 = 0, b2 = 0, region = 0, carry = 0, part = 0, rows_part = 0, dots = 0, beta = 0, bars = 0,
+      floats = 0;
   // Phase-1 tiles inside the region: S, dS [Kp, lds], dO, delta, d_delta [C, lds] (unused with
   // state_tiles, whose tiles start at 0 and cover B0 to B2 and the region).
   int s = 0, ds = 0, tile_do = 0, tile_delta = 0, tile_dd = 0;
@@ -74,7 +77,8 @@ struct WyInterLayout {
     part = carry + K;                                          // [Vp / 32, C] dbeta parts of Y_u . v
     rows_part = part + ceil_div(Vp, WyInterConfig::kCols) * C;  // [kRowGroups, K]
     dots = rows_part + WyInterConfig::kRowGroups * K;           // [C, Kp / 4 + 1] Y_w . K_up by 4-column cells
-    bars = round_up<2>(dots + C * (Kp / 4 + 1));  // mbarriers (wy_inter_state_products)
+    beta = dots + C * (Kp / 4 + 1);             // [C] beta_act of the rows, zero past the chunk's end
+    bars = round_up<2>(beta + C);               // mbarriers (wy_inter_state_products)
     floats = bars + 2 * WyInterStateTiles::kTiles;
   }
   // The launch's bytes: with the state products on wgmma, room to align the base for TMA boxes.
@@ -83,6 +87,8 @@ struct WyInterLayout {
     return sizeof(float) * WyInterLayout(C, K, V, state_wgmma).floats + (state_wgmma ? kAlign : 0);
   }
 };
+static_assert(64 * 128 / 4 <= WyInterConfig::kCellsPerThread * WyInterConfig::kThreads,
+              "every cell of the largest chunk (C = 64, K = 128) has its thread");
 static_assert(sizeof(float) * WyInterLayout(64, 128, 128, true).floats + WyInterLayout::kAlign <= 227 * 1024,
               "B3 with the state tiles fits an SM's shared memory");
 
@@ -111,6 +117,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   float* part = smem + L.part;
   float* rows_part = smem + L.rows_part;
   float* dots = smem + L.dots;
+  float* betas = smem + L.beta;
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32;
   const int64_t state = (chunk * f.HV + head) * static_cast<int64_t>(K) * V;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };  // (token, value head) row
@@ -123,6 +130,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
     return int3{warp < C / 16 * groups, warp / groups * 16, warp % groups * kCols};
   };
 
+  for (int r = tid; r < C; r += nthreads) betas[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;  // read after phase 1
   // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T (accumulated over V-tiles in
   // registers), carry = rowsum(S * dS). Rows past the chunk's end and padding are zero.
   if constexpr (kStateWgmma) {
@@ -235,7 +243,14 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   struct Rows4 {
     float4 a, b, c, d;
   };
-  batched<2>(
+  // What a thread keeps of each of its cells from phase 2 to the dk pass below, in registers:
+  // exp(gamma), k_hat and dgamma so far (no global round trip, no second load of gamma or k).
+  constexpr int kCells = WyInterConfig::kCellsPerThread;
+  struct Kept {
+    float4 up, k_hat, dgamma;
+  };
+  Kept kept[kCells];
+  batched_cells<kCells, 2>(
       C * cells,
       [&](int x) {  // gamma, gamma of the last row, q_hat, k_hat
         const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
@@ -243,22 +258,34 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
         return Rows4{load_first(gamma + at, n, vector), load_first(gamma + last + d, n, vector),
                      hat4(f.q, f.ws.scale_q, r, d, n), hat4(f.k, f.ws.scale_k, r, d, n)};
       },
-      [&](int x, Rows4 v) {
+      [&](int j, int x, Rows4 v) {
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
+        const float4 up = map4([](float g) { return expf(g); }, v.a), b0 = load4(B0 + at);
+        kept[j] = Kept{up, v.d, float4{0.f, 0.f, 0.f, 0.f}};
+        store4(B0 + at, v.d);  // k_hat over dO S^T, read: the gamma_L row sums below read it
         if (r >= l) return store4(B2 + at, float4{0.f, 0.f, 0.f, 0.f});
-        const float4 dq = map4([&](float b0, float g) { return f.scale * b0 * expf(g); }, load4(B0 + at), v.a);
+        const float4 dq = map4([&](float b, float u) { return f.scale * b * u; }, b0, up);
         const float4 dk_inter =
             map4([](float b1, float gl, float g) { return b1 * expf(gl - g); }, load4(B1 + at), v.b, v.a);
         store4(B1 + at, dk_inter);
         store4(B2 + at, map4([](float b2) { return -b2; }, load4(B2 + at)));
-        const int64_t global = row_at(r) * K + d;
-        store_first(p.ws.dq + global, dq, K - d, vector);
-        const float4 dgamma =
+        store_first(p.ws.dq + row_at(r) * K + d, dq, K - d, vector);
+        kept[j].dgamma =
             map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter);
-        store_first(p.ws.dgamma + global, dgamma, K - d, vector);
       });
   load_rows_as_float(vs, ldv, f.v, f.v_dtype, io_at(0) * V, io_v, C, Vp, l, V);
   cp_async_wait<0>();
+  __syncthreads();
+
+  // The last row's dgamma gets the gamma_L terms: sum_r k_hat[r, d] dk_inter[r, d] (B0 and B1 now),
+  // rows split over kRowGroups thread groups, the groups summed in a fixed order in the dk pass.
+  constexpr int kRowGroups = WyInterConfig::kRowGroups;
+  for (int x = tid; x < kRowGroups * K; x += nthreads) {
+    const int d = x % K, group = x / K;
+    float acc = 0.f;
+    for (int r = group; r < l; r += kRowGroups) acc += B0[r * ldb + d] * B1[r * ldb + d];
+    rows_part[group * K + d] = acc;
+  }
   __syncthreads();
 
   // Phase 3: B0 = Y_w = T^T dW; Y_u = T^T d_delta, dv = beta Y_u and the Y_u . v part of dbeta.
@@ -276,7 +303,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
     float row_sum[2] = {0.f, 0.f}, beta[2];  // rows g and g + 8 of the tile, this lane's columns
     for (int h = 0; h < 2; ++h) {
       const int row = w.y + lane / 4 + 8 * h;
-      beta[h] = row < l ? f.ws.beta_act[row_at(row)] : 0.f;
+      beta[h] = betas[row];
     }
     const bool paired = p.dv != nullptr && pairs_aligned(p.dv, p.dv_dtype, V);
     for_each_acc_pair(acc, [&](int i, int e, float2 yu) {
@@ -301,56 +328,35 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   }
   __syncthreads();
 
-  // The last row's dgamma gets the gamma_L terms: sum_r k_hat[r, d] dk_inter[r, d], rows split over
-  // kRowGroups thread groups (loads in flight together), the groups summed in a fixed order below.
-  constexpr int kRowGroups = WyInterConfig::kRowGroups;
-  // The dtype is chosen outside the row loop, whose loads then go out together.
-  auto row_sum = [&](auto element, int group, int d) {
-    const auto* k_in = static_cast<const decltype(element)*>(f.k);
-    float acc = 0.f;
-    for (int r = group; r < l; r += kRowGroups) {
-      const float k_hat = to_float(k_in[io_qk_row(r) * K + d]);
-      acc += (f.ws.scale_k != nullptr ? k_hat * f.ws.scale_k[qk_row(r)] : k_hat) * B1[r * ldb + d];
-    }
-    return acc;
-  };
-  for (int x = tid; x < kRowGroups * K; x += nthreads) {
-    const int d = x % K, group = x / K;
-    if constexpr (kP == Products::kTf32) {
-      rows_part[group * K + d] = row_sum(__nv_bfloat16{}, group, d);
-    } else {
-      rows_part[group * K + d] = f.qk_dtype == DType::kF16 ? row_sum(__half{}, group, d) : row_sum(float{}, group, d);
-    }
-  }
-  __syncthreads();
-  for (int d = tid; d < K; d += nthreads) {
-    float acc = expf(gamma[last + d]) * carry[d];
-    for (int group = 0; group < kRowGroups; ++group) acc += rows_part[group * K + d];
-    p.ws.dgamma[last + d] += acc;
-  }
-  __syncthreads();
-  // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w, then B1 = K_up (zero padded): each
-  // element read and rewritten by one thread; each cell's part of Y_w . K_up (dbeta) to dots.
-  batched<2>(
-      C * cells,
-      [&](int x) {  // gamma, beta (in b.x), k_hat, dgamma so far
-        const int r = x / cells, d = x % cells * 4, n = r < l ? K - d : 0;
-        const int64_t at = row_at(r) * K + d;
-        return Rows4{load_first(gamma + at, n, vector), float4{n > 0 ? f.ws.beta_act[row_at(r)] : 0.f},
-                     hat4(f.k, f.ws.scale_k, r, d, n), load_first(p.ws.dgamma + at, n, vector)};
-      },
-      [&](int x, Rows4 v) {
+  // dk = dk_inter + beta exp(gamma) Y_w, dgamma += beta K_up Y_w (the last row's gamma_L terms
+  // first: exp(gamma_L) carry and the row sums), then B1 = K_up (zero padded): each element read and
+  // rewritten by one thread; each cell's part of Y_w . K_up (dbeta) to dots.
+  batched_cells<kCells, 2>(
+      C * cells, [&](int x) { return betas[x / cells]; },
+      [&](int j, int x, float beta) {
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
-        const float beta = v.b.x;
-        const float4 up = map4([](float g) { return expf(g); }, v.a), yw = load4(B0 + at);
-        const float4 k_up = map4([](float k, float u) { return k * u; }, v.c, up);
+        const float4 up = kept[j].up, k_hat = kept[j].k_hat, yw = load4(B0 + at);
+        const float4 k_up = map4([](float k, float u) { return k * u; }, k_hat, up);
         if (r < l) {
+          float4 dg = kept[j].dgamma;
+          if (r == l - 1) {
+            float g[4] = {dg.x, dg.y, dg.z, dg.w};
+            const float u[4] = {up.x, up.y, up.z, up.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (d + e >= K) continue;
+              float acc = u[e] * carry[d + e];
+              for (int group = 0; group < kRowGroups; ++group) acc += rows_part[group * K + d + e];
+              g[e] += acc;
+            }
+            dg = float4{g[0], g[1], g[2], g[3]};
+          }
           const int64_t global = row_at(r) * K + d;
           store_first(p.ws.dk + global,
                       map4([&](float dki, float u, float y) { return dki + beta * u * y; }, load4(B1 + at), up, yw),
                       K - d, vector);
-          const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, v.c, up);
-          const float4 dgamma = map4([](float dg, float bku, float y) { return dg + bku * y; }, v.d, beta_k_up, yw);
+          const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, k_hat, up);
+          const float4 dgamma = map4([](float g, float bku, float y) { return g + bku * y; }, dg, beta_k_up, yw);
           store_first(p.ws.dgamma + global, dgamma, K - d, vector);
           dots[r * (cells + 1) + d / 4] = dot4(k_up, yw);
         }
@@ -377,7 +383,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
                     [&](int d, int i) { return B1[(c0 + i) * ldb + d]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
-      B0[row * ldb + col] = col < row && row < l ? f.ws.beta_act[row_at(col)] * x : 0.f;
+      B0[row * ldb + col] = col < row && row < l ? betas[col] * x : 0.f;
     });
   }
   __syncthreads();
