@@ -182,10 +182,9 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
   return params;
 }
 
-// Varlen, on `stream` (forward/chunk_offsets.cuh): params.ws.chunk_offsets of params' sequences;
-// the device offsets of p's sequences [first, first + count] rebased to the first's start, as int64
-// into `out` (a sequence group's: sequence_groups.hpp).
-void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream);
+// Varlen, on `stream` (forward/chunk_offsets.cuh): the device offsets of p's sequences [first,
+// first + count] rebased to the first's start, as int64 into `out` (a sequence group's:
+// sequence_groups.hpp).
 void rebased_offsets(const Problem& p, int64_t first, int64_t count, int64_t* out, void* stream);
 // F1 to F3 (the chunk-local stages: chunk offsets, gamma, P, W, U, K_down, Q_up), on `stream`.
 void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(BwdParamsConfig::kThreads) bwd_params_kernel(c
   const int columns = f.HV * f.K;
   const int column = blockIdx.x * BwdParamsConfig::kThreads + threadIdx.x;
   if (column >= columns) return;
-  const int64_t chunks = f.cu_seqlens == nullptr ? f.N * f.chunks_per_row : f.ws.chunk_offsets[f.N];
+  const int64_t chunks = p.chunks;
   if (p.ddt_bias) {
     store_param_grad(p.ddt_bias, p.ddt_bias_dtype, column, sum_in_order(p.ws.ddt_bias_parts + column, columns, chunks));
   }

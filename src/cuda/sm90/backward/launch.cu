@@ -26,13 +26,11 @@ namespace {
 
 // The arrays of the parts, after one part's workspace. With time segments: the gradients of the
 // states between segments, handed from a segment to the one before (two buffers, in turn). With
-// sequence groups: the group's offsets rebased to its first token, and the call's chunk offsets for
-// the reduction. With either: every part's parameter-gradient partials (one array over the call's
-// chunks, reduced once).
+// sequence groups: the group's offsets rebased to its first token. With either and the gate in the
+// kernel: every part's parameter-gradient partials (one array over the call's chunks, reduced once).
 struct PartArrays {
   float* carry[2];
   int64_t* group_offsets;
-  int64_t* call_chunk_offsets;
   double* dA_log_parts;
   double* ddt_bias_parts;
 };
@@ -45,25 +43,20 @@ struct BackwardLayout {
   PartArrays parts;
 };
 
-BackwardLayout carve_backward(Carver& m, const Problem& p) {
+BackwardLayout carve_backward(Carver& m, const Problem& p, const BackwardPlan& plan) {
   const int bytes = operand_bytes(products_for(p));
-  const TimeSegments segments = time_segments(p);
-  const SequenceGroups groups = sequence_groups(p);
-  const bool segmented = segments.count > 1, grouped = groups.count() > 1;
-  const Problem part = segmented ? segment_problem(p, segments.length)
-                       : grouped ? sequence_group_bound(p, groups)
-                                 : head_group_problem(p, backward_head_groups(p));
+  const bool segmented = plan.segmented(), grouped = plan.grouped();
+  const Problem part = segmented ? segment_problem(p, plan.segments.length)
+                       : grouped ? sequence_group_bound(p, plan.groups)
+                                 : head_group_problem(p, plan.head_groups);
   BackwardLayout layout{};
   layout.fwd = ForwardWorkspace::carve(m, part, true, bytes);
   layout.bwd = BackwardWorkspace::carve(m, part, layout.fwd, bytes);
   if (segmented) {
     for (float*& carry : layout.parts.carry) carry = m.take<float>(segment_state_elements(p));
   }
-  if (grouped) {
-    layout.parts.group_offsets = m.take<int64_t>(part.N + 1);
-    layout.parts.call_chunk_offsets = m.take<int64_t>(p.N + 1);
-  }
-  if (segmented || grouped) {
+  if (grouped) layout.parts.group_offsets = m.take<int64_t>(part.N + 1);
+  if ((segmented || grouped) && p.gate != GateMode::kPrecomputed) {
     const int64_t chunks = ForwardWorkspace::chunks(p);
     layout.parts.dA_log_parts = m.take<double>(chunks * p.HV);
     layout.parts.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
@@ -99,6 +92,7 @@ BackwardParams make_params(const Problem& p, const fkt_backward_io& io, const Ba
   params.dbeta_dtype = p.beta.dtype;
   params.dA_log_dtype = p.A_log.dtype;
   params.ddt_bias_dtype = p.dt_bias.dtype;
+  params.chunks = ForwardWorkspace::chunks(p);
   return params;
 }
 
@@ -244,11 +238,13 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
 }
 
 // A part's params whose parameter-gradient partials fill the call's array from chunk row
-// `first_chunk`, reduced once after the last part (reduce_call_partials).
+// `first_chunk` (none with a precomputed gate), reduced once after the last part
+// (reduce_call_partials).
 void partials_into_call(const Problem& p, const PartArrays& arrays, int64_t first_chunk, BackwardParams& params) {
+  params.dA_log = params.ddt_bias = nullptr;
+  if (arrays.dA_log_parts == nullptr) return;
   params.ws.dA_log_parts = arrays.dA_log_parts + first_chunk * p.HV;
   params.ws.ddt_bias_parts = arrays.ddt_bias_parts + first_chunk * p.HV * p.K;
-  params.dA_log = params.ddt_bias = nullptr;
 }
 
 // dA_log and ddt_bias of the call (its params: `call`) from the parts' partials in the call's array.
@@ -264,9 +260,8 @@ void reduce_call_partials(const Problem& p, BackwardParams call, const PartArray
 // later segment's dh0, or d_final_state for the last), and writes its rows of every gradient. The
 // parameter-gradient partials of segment s fill the chunk rows after those of the earlier ones,
 // reduced once at the end.
-void backward_segments(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout,
-                       const SavedLayout& saved, void* stream) {
-  const TimeSegments segments = time_segments(p);
+void backward_segments(const Problem& p, const TimeSegments& segments, const fkt_backward_io& io,
+                       const BackwardLayout& layout, const SavedLayout& saved, void* stream) {
   const PartArrays& arrays = layout.parts;
   const float* kept = saved.segment_states;
   const int64_t states = segment_state_elements(p), last = segments.count - 1;
@@ -287,10 +282,9 @@ void backward_segments(const Problem& p, const fkt_backward_io& io, const Backwa
 // The sequence groups in order (sequence_groups.hpp): group g reads its rebased offsets, written
 // into the workspace before it runs, and writes its rows of every gradient and its sequences'
 // dh0. Its parameter-gradient partials fill the rows of its chunks in the call's array, reduced once
-// at the end over the call's chunk offsets: the sums of one pass, bit for bit.
-void backward_sequence_groups(const Problem& p, const fkt_backward_io& io, const BackwardLayout& layout,
-                              const SavedLayout& saved, void* stream) {
-  const SequenceGroups groups = sequence_groups(p);
+// at the end over the call's chunks: the sums of one pass, bit for bit.
+void backward_sequence_groups(const Problem& p, const SequenceGroups& groups, const fkt_backward_io& io,
+                              const BackwardLayout& layout, const SavedLayout& saved, void* stream) {
   const PartArrays& arrays = layout.parts;
   for (int64_t g = 0; g < groups.count(); ++g) {
     const Problem part = sequence_group_problem(p, groups, g);
@@ -301,11 +295,7 @@ void backward_sequence_groups(const Problem& p, const fkt_backward_io& io, const
     partials_into_call(p, arrays, first.chunk_offset, params);
     backward_part(part, params, stream);
   }
-  BackwardParams call = make_params(p, io, layout, saved);
-  if (!parameter_gradients(p, call)) return;
-  call.fwd.ws.chunk_offsets = arrays.call_chunk_offsets;
-  chunk_offsets(p, call.fwd, stream);
-  reduce_call_partials(p, call, arrays, stream);
+  reduce_call_partials(p, make_params(p, io, layout, saved), arrays, stream);
 }
 
 }  // namespace
@@ -313,7 +303,7 @@ void backward_sequence_groups(const Problem& p, const fkt_backward_io& io, const
 // One part's workspace (views.hpp), used by each part in turn, and the parts' arrays.
 uint64_t backward_workspace_bytes(const Problem& p) {
   Carver measure;
-  carve_backward(measure, p);
+  carve_backward(measure, p, backward_plan(p));
   return measure.bytes();
 }
 
@@ -321,13 +311,14 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   FKT_CHECK(TensorRef(io.d_o, "d_o").contiguous()) << "d_o: the CUDA backend reads a contiguous gradient";
   FKT_CHECK(!io.d_final_state || TensorRef(io.d_final_state, "d_final_state").contiguous())
       << "d_final_state: the CUDA backend reads a contiguous gradient";
+  const BackwardPlan plan = backward_plan(p);
   Carver carver(TensorRef(io.workspace, "workspace").bytes());
-  const BackwardLayout layout = carve_backward(carver, p);
+  const BackwardLayout layout = carve_backward(carver, p, plan);
   Carver saved_carver(p.keep_forward ? nullptr : TensorRef(io.saved, "saved").bytes());
   const SavedLayout saved = SavedLayout::carve(saved_carver, p);
-  if (time_segments(p).count > 1) return backward_segments(p, io, layout, saved, stream);
-  if (sequence_groups(p).count() > 1) return backward_sequence_groups(p, io, layout, saved, stream);
-  const int groups = backward_head_groups(p);
+  if (plan.segmented()) return backward_segments(p, plan.segments, io, layout, saved, stream);
+  if (plan.grouped()) return backward_sequence_groups(p, plan.groups, io, layout, saved, stream);
+  const int groups = plan.head_groups;
   const Problem part = head_group_problem(p, groups);
   const BackwardParams params = make_params(part, io, layout, saved);
   for (int group = 0; group < groups; ++group) {

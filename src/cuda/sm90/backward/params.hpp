@@ -25,8 +25,8 @@ struct BackwardWorkspace {
   float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4); in W's place
   float* dgamma;            // [B*T, HV, K] gradient of gamma (B3, B4); in K_down's place for fp32 operands
   float* dbeta;             // [B*T, HV] gradient of the activated beta (B3, B4)
-  double* dA_log_parts;     // [chunks, HV] partial sums of dA_log per chunk (B7)
-  double* ddt_bias_parts;   // [chunks, HV, K] partial sums of ddt_bias per chunk (B7)
+  double* dA_log_parts;     // [chunks, HV] partial sums of dA_log per chunk (B7; with the gate in the kernel)
+  double* ddt_bias_parts;   // [chunks, HV, K] the same of ddt_bias
 
   // fwd: a layout with operands of operand_bytes whose Q_up region holds fp32 rows (for_backward,
   // or fp32 operands).
@@ -41,8 +41,10 @@ struct BackwardWorkspace {
     w.dk = static_cast<float*>(fwd.W);
     w.dgamma = operand_bytes == sizeof(float) ? static_cast<float*>(fwd.k_down) : m.take<float>(rows * p.K);
     w.dbeta = m.take<float>(rows);
-    w.dA_log_parts = m.take<double>(chunks * p.HV);
-    w.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
+    if (p.gate != GateMode::kPrecomputed) {  // bwd_gate writes them only then
+      w.dA_log_parts = m.take<double>(chunks * p.HV);
+      w.ddt_bias_parts = m.take<double>(chunks * p.HV * p.K);
+    }
     return w;
   }
 };
@@ -64,6 +66,7 @@ struct BackwardParams {
   void* dA_log;                // [HV]
   void* ddt_bias;              // [HV * K]
   float* dh0;                  // like the initial state
+  int64_t chunks;              // the chunks of the call or part: the rows of the partials bwd_params sums
   DType d_o_dtype, dv_dtype, dbeta_dtype, dA_log_dtype, ddt_bias_dtype;
 };
 

@@ -20,13 +20,30 @@ namespace fkt::cuda {
 // Heads are independent through the whole backward. Two groups when each still gives the state
 // passes a block for every SM (N sequences x value heads x V-tiles), so that they take no more
 // waves than the whole call (at 96 value heads of one sequence: 2 x 192 blocks against 384);
-// query/key heads split evenly (GVA groups stay whole). One with time segments, which keep every
-// block, with sequence groups, which take at most a half each, and when the forward's workspace is
-// read (keep_forward: laid out for all heads).
+// query/key heads split evenly (GVA groups stay whole). One when the forward's workspace is read
+// (keep_forward: laid out for all heads).
 inline int backward_head_groups(const Problem& p) {
-  if (p.keep_forward || p.H % 2 != 0 || time_segments(p).count > 1 || sequence_groups(p).count() > 1) return 1;
+  if (p.keep_forward || p.H % 2 != 0) return 1;
   const int64_t blocks = p.N * StateConfig::tiles(static_cast<int>(p.V)) * (p.HV / 2);
   return blocks >= device_limits(p.device.device_id).sms ? 2 : 1;
+}
+
+// How a backward splits its call, decided once per call: time segments (dense), sequence groups
+// (varlen) or, when neither splits it, head groups. Time segments keep every block; sequence
+// groups take at most a half each, so head groups would only add waves to either.
+struct BackwardPlan {
+  TimeSegments segments;
+  SequenceGroups groups;
+  int head_groups = 1;
+
+  bool segmented() const { return segments.count > 1; }
+  bool grouped() const { return groups.count() > 1; }
+};
+
+inline BackwardPlan backward_plan(const Problem& p) {
+  BackwardPlan plan{time_segments(p), sequence_groups(p)};
+  if (!plan.segmented() && !plan.grouped()) plan.head_groups = backward_head_groups(p);
+  return plan;
 }
 
 // The problem of one of `groups` head groups.

@@ -34,18 +34,19 @@ __global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
 }
 
 struct RebasedOffsetsParams {
-  ForwardParams call;  // the call's cu_seqlens and offsets_dtype
-  int64_t first;       // the group's first sequence
-  int64_t count;       // its sequences
-  int64_t* out;        // [count + 1] int64
+  const void* cu_seqlens;  // the call's, on the device
+  DType offsets_dtype;     // int32 or int64
+  int64_t first;           // the group's first sequence
+  int64_t count;           // its sequences
+  int64_t* out;            // [count + 1] int64
 };
 
 // out[i] = cu_seqlens[first + i] - cu_seqlens[first] for i <= count, kThreads at a time.
 __global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
     rebased_offsets_kernel(const __grid_constant__ RebasedOffsetsParams p) {
-  const int64_t base = offset_at(p.call, p.first);
+  const int64_t base = offset_at(p.cu_seqlens, p.offsets_dtype, p.first);
   for (int64_t i = threadIdx.x; i <= p.count; i += ChunkOffsetsConfig::kThreads) {
-    p.out[i] = offset_at(p.call, p.first + i) - base;
+    p.out[i] = offset_at(p.cu_seqlens, p.offsets_dtype, p.first + i) - base;
   }
 }
 

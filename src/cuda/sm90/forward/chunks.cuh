@@ -5,9 +5,13 @@
 
 namespace fkt::cuda {
 
+// Offset i of cu_seqlens (int32 or int64 elements).
+__device__ __forceinline__ int64_t offset_at(const void* cu_seqlens, DType dtype, int64_t i) {
+  return dtype == DType::kI64 ? static_cast<const int64_t*>(cu_seqlens)[i] : static_cast<const int32_t*>(cu_seqlens)[i];
+}
+
 __device__ __forceinline__ int64_t offset_at(const ForwardParams& p, int64_t i) {
-  return p.offsets_dtype == DType::kI64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
-                                        : static_cast<const int32_t*>(p.cu_seqlens)[i];
+  return offset_at(p.cu_seqlens, p.offsets_dtype, i);
 }
 
 struct SequenceSpan {

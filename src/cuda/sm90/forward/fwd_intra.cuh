@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     copy_rows16_async(g16, Kp, static_cast<const uint16_t*>(p.gate.g) + io_at(0) * K, io_k, C, Kp, l, K);
   }
   if constexpr (Config::kNarrow) {
-    if (!q_after_gate) copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
+    if (!q_after_gate) load_q();
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
   }
   cp_async_commit();

@@ -92,6 +92,12 @@ uint64_t own_workspace_bytes(const Problem& p, Products products) {
   return measure.bytes();
 }
 
+// Varlen: params.ws.chunk_offsets of params' sequences, on the device (forward/chunk_offsets.cuh).
+void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream) {
+  const DeviceGuard device(p.device.device_id);
+  launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, static_cast<cudaStream_t>(stream), params);
+}
+
 }  // namespace
 
 void check_supported(const Problem& p) {
@@ -117,16 +123,11 @@ uint64_t forward_workspace_bytes(const Problem& p) {
   return p.keep_forward ? backward_workspace_bytes(p) : own_workspace_bytes(p, products_for(p));
 }
 
-void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream) {
-  const DeviceGuard device(p.device.device_id);
-  launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, static_cast<cudaStream_t>(stream), params);
-}
-
 void rebased_offsets(const Problem& p, int64_t first, int64_t count, int64_t* out, void* stream) {
   const DeviceGuard device(p.device.device_id);
   RebasedOffsetsParams params{};
-  params.call.cu_seqlens = p.cu_seqlens_device.bytes();
-  params.call.offsets_dtype = p.cu_seqlens_device.dtype;
+  params.cu_seqlens = p.cu_seqlens_device.bytes();
+  params.offsets_dtype = p.cu_seqlens_device.dtype;
   params.first = first;
   params.count = count;
   params.out = out;
