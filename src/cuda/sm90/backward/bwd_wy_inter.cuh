@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
         const int r = x / cells, d = x % cells * 4, at = r * ldb + d;
         const float4 up = map4([](float g) { return expf(g); }, v.a), b0 = load4(B0 + at);
         kept[j] = Kept{up, v.d, float4{0.f, 0.f, 0.f, 0.f}};
-        store4(B0 + at, v.d);  // k_hat over dO S^T, read: the gamma_L row sums below read it
+        store4(B0 + at, v.d);  // k_hat over dO S^T, read above: for the gamma_L row sums below
         if (r >= l) return store4(B2 + at, float4{0.f, 0.f, 0.f, 0.f});
         const float4 dq = map4([&](float b, float u) { return f.scale * b * u; }, b0, up);
         const float4 dk_inter =
