@@ -426,17 +426,22 @@ def largest_group_share(lengths, chunk=64, most=3):
                for g in fill(bound))
 
 
-# (dtype, query/key heads per value head, l2norm, beta logits): sequence groups of varlen inputs
-# (cuda/sm90/sequence_groups.hpp) of SEQUENCE_GROUP_LENGTHS; bf16 on the wgmma passes, with
-# bwd_intra's dq and dk, and through bwd_prepare with GVA and l2norm; float16 and float32 on the
-# mma.sync passes.
-SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False), (torch.bfloat16, 2, True, True),
-                        (torch.float16, 1, True, False), (torch.float32, 2, False, True)]
+# (dtype, query/key heads per value head, l2norm, beta logits, chunk size, offsets dtype,
+# state_v_first): sequence groups of varlen inputs (cuda/sm90/sequence_groups.hpp) of
+# SEQUENCE_GROUP_LENGTHS; bf16 on the wgmma passes, with bwd_intra's dq and dk, and through
+# bwd_prepare with GVA and l2norm; float16, float32 and bf16 at chunks of 32 on the mma.sync passes,
+# the last with int32 offsets and the states' [V, K] layout.
+SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False, 64, torch.int64, False),
+                        (torch.bfloat16, 2, True, True, 64, torch.int64, False),
+                        (torch.float16, 1, True, False, 64, torch.int64, False),
+                        (torch.float32, 2, False, True, 64, torch.int64, False),
+                        (torch.bfloat16, 2, True, False, 32, torch.int32, True)]
 
 
-@pytest.mark.parametrize("dtype,gva,l2norm,beta_logits", SEQUENCE_GROUP_CASES,
-                         ids=["bf16", "bf16-gva-l2norm", "fp16", "fp32-gva"])
-def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2norm, beta_logits):
+@pytest.mark.parametrize("dtype,gva,l2norm,beta_logits,chunk,offsets_dtype,state_v_first", SEQUENCE_GROUP_CASES,
+                         ids=["bf16", "bf16-gva-l2norm", "fp16", "fp32-gva", "bf16-chunk32-int32-vfirst"])
+def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2norm, beta_logits, chunk,
+                                                   offsets_dtype, state_v_first):
     """A varlen call of many chunks runs its backward on groups of whole sequences in turn, in the
     largest group's workspace: every gradient, dA_log and ddt_bias included, is bitwise that of the
     one pass on the forward's kept workspace (disable_recompute), and the workspace is the largest
@@ -446,8 +451,9 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
     offsets = sequence_group_offsets()
     torch.manual_seed(0)
     x = make_inputs(B=1, T=offsets[-1], H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True,
-                    beta_logits=beta_logits, cu_seqlens=offsets, requires_grad=False)
+                    beta_logits=beta_logits, cu_seqlens=offsets, state_v_first=state_v_first, requires_grad=False)
     c = {n: t.cuda() for n, t in x.items() if t is not None}
+    c["cu_seqlens"] = c["cu_seqlens"].to(offsets_dtype)
     do = torch.randn(c["v"].shape, device="cuda").to(dtype)
     dht = torch.randn(c["initial_state"].shape, device="cuda")
     plans = record_plans(monkeypatch)
@@ -457,7 +463,8 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
                                                                "dt_bias")}
         o, ht = fkt.chunk_kda(**leaves, cu_seqlens=c["cu_seqlens"], use_gate_in_kernel=True, lower_bound=-5.0,
                               safe_gate=True, use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=beta_logits,
-                              output_final_state=True, disable_recompute=disable_recompute)
+                              output_final_state=True, disable_recompute=disable_recompute, chunk_size=chunk,
+                              state_v_first=state_v_first)
         torch.autograd.backward([o, ht], [do, dht])
         return {n: t.grad for n, t in leaves.items()}
 
@@ -466,7 +473,7 @@ def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2no
     one_pass = step(True)
     for name, grad in one_pass.items():
         assert torch.equal(grouped[name], grad), name
-    largest = largest_group_share(SEQUENCE_GROUP_LENGTHS)
+    largest = largest_group_share(SEQUENCE_GROUP_LENGTHS, chunk=chunk)
     assert grouped_workspace < 1.05 * largest * plans[-1][0], (grouped_workspace, plans[-1][0])
 
 
