@@ -42,8 +42,8 @@ struct ForwardParams {
   // (backward/views.hpp) or on a time segment (sm90/segments.hpp): the pointers at the
   // group's first head or the segment's first token, the workspace the group's or the segment's
   // alone. A sequence group (sm90/sequence_groups.hpp) has the call's heads and, being one batch
-  // row, its own T as io_T. The forward's own outputs (o, intermediate_states) are written with io_H == H,
-  // io_HV == HV and io_T == T only.
+  // row, its own T as io_T. The forward's own outputs (o, intermediate_states) are written with
+  // io_H == H, io_HV == HV and io_T == T only.
   int64_t io_T;
   int32_t io_H, io_HV;
 };
