@@ -49,16 +49,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Calls f(r, c, g, s) for the cells of a [rows, cells] grid, block-strided in row-major order (thread
-// i takes cells i, i + blockDim.x, ...), a cell being kWidth consecutive elements: c is the cell's
-// first column, g and s its element offsets in a global array (row stride global_ld) and a shared
-// one (row stride shared_ld). The offsets advance by additions: one division per thread, not one
-// 64-bit multiply and division per cell (the state passes run these loops once per chunk).
+// Calls f(r, c, g, s) for the cells of a [rows, cells] grid, strided over `threads` threads in
+// row-major order (thread i < threads takes cells i, i + threads, ...), a cell being kWidth
+// consecutive elements: c is the cell's first column, g and s its element offsets in a global array
+// (row stride global_ld) and a shared one (row stride shared_ld). The offsets advance by additions:
+// one division per thread, not one 64-bit multiply and division per cell (the state passes run these
+// loops once per chunk).
 template <int kWidth, typename F>
-__device__ __forceinline__ void for_each_cell(int rows, int cells, int64_t global_ld, int shared_ld, F f) {
+__device__ __forceinline__ void for_each_cell_of(unsigned thread, unsigned threads, int rows, int cells,
+                                                 int64_t global_ld, int shared_ld, F f) {
   if (cells <= 0) return;
-  const int step_r = blockDim.x / cells, step_c = blockDim.x % cells;
-  int r = threadIdx.x / cells, c = threadIdx.x % cells;
+  const int step_r = threads / cells, step_c = threads % cells;
+  int r = thread / cells, c = thread % cells;
   int64_t g = r * global_ld + c * kWidth;
   int s = r * shared_ld + c * kWidth;
   const int64_t g_step = step_r * global_ld + step_c * kWidth, g_wrap = global_ld - cells * kWidth;
@@ -76,6 +78,12 @@ __device__ __forceinline__ void for_each_cell(int rows, int cells, int64_t globa
       s += s_wrap;
     }
   }
+}
+
+// for_each_cell_of by the whole block.
+template <int kWidth, typename F>
+__device__ __forceinline__ void for_each_cell(int rows, int cells, int64_t global_ld, int shared_ld, F f) {
+  for_each_cell_of<kWidth>(threadIdx.x, blockDim.x, rows, cells, global_ld, shared_ld, f);
 }
 
 // copy_rows_async by copies of kWidth floats (cols and valid_cols multiples of kWidth).

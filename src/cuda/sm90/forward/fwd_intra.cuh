@@ -23,9 +23,8 @@
 namespace fkt::cuda {
 
 // In: how q, k and v sit in shared memory. 16-bit inputs (q, k and v of one dtype) keep their
-// dtype there, exactly, which halves those tiles and lets two blocks share an SM (three of the
-// recompute at the common shape); anything else is widened to fp32 and one block of 512 threads
-// takes the SM.
+// dtype there, exactly, which halves those tiles and lets two blocks share an SM (three at the
+// common shape); anything else is widened to fp32 and one block of 512 threads takes the SM.
 template <typename In>
 struct IntraConfig {
   static constexpr bool kNarrow = sizeof(In) == 2;
@@ -33,12 +32,13 @@ struct IntraConfig {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kSub = 16;  // sub-chunk rows
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
-  // Resident blocks per SM: three of the recompute at the common shape (68 KB of shared memory
-  // each in its layout below, 71 registers a thread under the 80 that three blocks leave).
-  template <typename Dims, bool kRecompute>
+  // Resident blocks per SM: three at the common shape (71 KB of shared memory in the forward's
+  // layout below, 68 KB in the recompute's, and the 80 registers a thread that three blocks of 256
+  // threads leave).
+  template <typename Dims>
   static constexpr int min_blocks() {
     if constexpr (!kNarrow) return 1;
-    else return kRecompute && std::is_same_v<Dims, CommonDims> ? 3 : 2;
+    else return std::is_same_v<Dims, CommonDims> ? 3 : 2;
   }
 };
 
@@ -62,20 +62,18 @@ struct IntraLayout {
     ldc = C + 4;
     const int qk_bytes = C * ldk * kIn, v_bytes = C * ldv * kIn, a_bytes = C * ldc * 4, g16_bytes = C * Kp * 2;
     auto larger = [](int x, int y) { return x > y ? x : y; };
-    q = 0;  // [C, ldk] q as given (l2 norm: scale_q)
+    const int room = larger(larger(qk_bytes, a_bytes), larger(v_bytes, g16_bytes));
+    q = g16 = 0;  // [C, Kp] a 16-bit g as loaded, then [C, ldk] q as given (l2 norm: scale_q)
+    k = room;     // [C, ldk] k as given (l2 norm: scale_k)
+    g = 2 * room;  // [C, ldg] a_t, then gamma * log2(e), then K_up
     if constexpr (kRecompute) {
-      g16 = T = A = q;                                       // [C, Kp] a 16-bit g; [C, ldc] T (no A)
-      k = larger(larger(qk_bytes, a_bytes), g16_bytes);      // [C, ldk] k as given, then [C, ldv] v
-      v = k;
-      g = k + larger(qk_bytes, v_bytes);                     // [C, ldg] a_t, then gamma * log2(e), then K_up
-      Y = g + C * ldg * 4;                                   // [Kp] gamma's last row
+      T = A = q;  // [C, ldc] T as stored (no A)
+      v = k;      // [C, ldv] v
     } else {
-      k = q + qk_bytes;                                      // [C, ldk] k as given (l2 norm: scale_k)
-      g = k + qk_bytes;                                      // [C, ldg] a_t, then gamma * log2(e), then K_up
-      g16 = A = v = g + C * ldg * 4;  // [C, Kp] a 16-bit g as loaded, then [C, ldc] A (strictly lower), then [C, ldv] v
-      T = A + larger(larger(v_bytes, a_bytes), g16_bytes);  // [C, ldc] P (staged), then (I + A)^-1
-      Y = T + a_bytes;                                       // [C / 16 - 1, 16, 16] partial products of T
+      A = v = q;  // [C, ldc] A, then [C, ldv] v
+      T = k;      // [C, ldc] (I + A)^-1
     }
+    Y = g + C * ldg * 4;  // [Kp] gamma's last row; without kRecompute then [C / 16 - 1, 16, 16] partial products of T
     beta = Y + (kRecompute ? Kp : (C / kSub - 1) * kSub * kSub) * 4;  // [C]
     scale_q = beta + C * 4;                         // [C]
     scale_k = scale_q + C * 4;                      // [C]
@@ -238,35 +236,59 @@ __device__ __forceinline__ void gate_rows(const G* g, int ld_g, float* x, int ld
   });
 }
 
-// P and A of a chunk of l rows, then T = (I + A)^-1 in T's tile (its blocks above the diagonal zero
-// on entry, A's zero on and above it): P staged in T and stored (p_states_dtype into ws.P, fp32 into
-// saved_P when set) at element `first` of the (token, value head) rows.
-template <Products kP, typename In>
-__device__ __forceinline__ void p_a_and_inverse(const ForwardParams& p, const IntraTiles<In>& tiles, int C, int Kp, int l,
-                                                int64_t first) {
+// P and A of a chunk of l rows: P stored (p_states_dtype into ws.P, fp32 into saved_P when set) at
+// element `first` of the (token, value head) rows, zero above its live diagonal blocks; A into A's
+// tile, in q's room once every warp has read q: the live blocks on and below the diagonal, zero on
+// and above it. The warps with fewer blocks than others take the zeros of P and then
+// side(thread, threads), work that neither writes shared memory nor waits for P or A.
+template <Products kP, typename In, typename Side>
+__device__ __forceinline__ void p_and_a(const ForwardParams& p, const IntraTiles<In>& tiles, int C, int Kp, int l,
+                                        int64_t first, Side side) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
-  const int subs = C / kSub, live = ceil_div(l, kSub);
+  // A warp's tasks: at most kRounds for chunks of up to 64 rows (4 sub-chunks, 10 blocks), whose
+  // A accumulators it holds until q is dead.
+  constexpr int kMaxSubs = 64 / kSub, kRounds = ceil_div(kMaxSubs * (kMaxSubs + 1) / 2, kWarps);
+  const int live = ceil_div(l, kSub), tasks = live * (live + 1) / 2;
   const int ldg = tiles.ldg, ldc = tiles.ldc, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* g = tiles.g;
-  float* A = tiles.A;
-  float* T = tiles.T;
   const float* beta = tiles.beta;
-  // P (staged in T) and A by 16 x 16 blocks (R, J), J <= R, one warp task each (the live diagonal
-  // blocks first): P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i
-  // exp(g_r - g_i) for i < r, on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i)) at a
-  // reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1. On
-  // the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor cores
-  // while every exponent is at most kReach in magnitude (always under safe_gate's per-step bound),
-  // else the warp evaluates it pair by pair in fp32.
+  const int64_t stride = static_cast<int64_t>(p.HV) * C;
+  const bool paired = pairs_aligned(p.ws.P, p.ws.p_states_dtype, stride);
+  const bool saved_paired = pairs_aligned(p.saved_P, DType::kF32, stride);
+  auto store_p = [&](int r, int i, float2 x) {  // P[r, i:i + 2], i even
+    const int64_t at = first + r * stride + i;
+    store_pair(p.ws.P, p.ws.p_states_dtype, at, x, true, paired);
+    if (p.saved_P != nullptr) store_pair(p.saved_P, DType::kF32, at, x, true, saved_paired);
+  };
+  // The warp's block in a round: its first row R0 and column c0 (the live diagonal blocks first).
+  struct Block {
+    bool diagonal;
+    int R0, c0;
+  };
+  auto block_of = [&](int round) {
+    const int task = warp + round * kWarps;
+    const int2 rj = task < live ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
+    return Block{task < live, rj.x * kSub, rj.y * kSub};
+  };
+  auto has_block = [&](int round) { return warp + round * kWarps < tasks; };
+  // P[r, i] = s sum_d q_r k_i exp(g_r - g_i) for i <= r, A[r, i] = beta_r sum_d k_r k_i exp(g_r - g_i)
+  // for i < r, by 16 x 16 blocks (R, J), on tensor cores as (q_r exp(g_r - g_m)) . (k_i exp(g_m - g_i))
+  // at a reference row m (kda-math.md 3.4). Below the diagonal m is R's first row: both factors <= 1.
+  // On the diagonal m is the block's midpoint, and one factor exceeds 1: the block stays on tensor
+  // cores while every exponent is at most kReach in magnitude (always under safe_gate's per-step
+  // bound), else the warp evaluates it element by element in fp32.
   constexpr float kReach = 64.f;
   const int gq = lane / 4, t = lane % 4;
-  for (int task = warp; task < live * (live + 1) / 2; task += kWarps) {
-    const bool diagonal = task < live;
-    const int2 block = diagonal ? make_int2(task, task) : strict_pair(task - live);  // (R, J)
-    const int R0 = block.x * kSub, c0 = block.y * kSub;
+  float acc_a[kRounds][2][4] = {};
+#pragma unroll
+  for (int round = 0; round < kRounds; ++round) {
+    if (!has_block(round)) break;
+    const Block block = block_of(round);
+    const bool diagonal = block.diagonal;
+    const int R0 = block.R0, c0 = block.c0;
     const float* g_ref = g + (diagonal ? R0 + min(kSub / 2, l - R0 - 1) : R0) * ldg;
-    float acc_p[2][4] = {}, acc_a[2][4] = {};
+    float acc_p[2][4] = {};
     float reach = 0.f;  // the largest |exponent| of the diagonal block's valid rows
     for (int k0 = 0; k0 < Kp; k0 += 8) {
       FragA fq, fk;
@@ -291,43 +313,77 @@ __device__ __forceinline__ void p_a_and_inverse(const ForwardParams& p, const In
           b[h] = split_tf32<kP>(i < l ? tiles.k_at(i, d) * exp2_fast(x) : 0.f);
         }
         mma_split<kP>(acc_p[n], fq, b[0], b[1]);
-        mma_split<kP>(acc_a[n], fk, b[0], b[1]);
+        mma_split<kP>(acc_a[round][n], fk, b[0], b[1]);
       }
     }
     if (diagonal && __any_sync(0xffffffffu, reach > kReach)) {
-      for (int x = lane; x < kSub * (kSub + 1) / 2; x += 32) {
-        const int2 pair = strict_pair(x);  // (r + 1, i) with i <= r
-        const int r = R0 + pair.x - 1, i = R0 + pair.y;
-        if (r >= l) continue;
-        float qk = 0.f, kk = 0.f;  // (q_r, k_r) . (k_i exp(g_r - g_i))
-        for (int d = 0; d < Kp; d += 4) {
-          const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
-          const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, tiles.k4(i, d));
-          qk += dot4(tiles.q4(r, d), e);
-          kk += dot4(tiles.k4(r, d), e);
+      // The lane's accumulator elements (r, i), i <= r, as (q_r, k_r) . (k_i exp(g_r - g_i)).
+#pragma unroll 1
+      for (int x = 0; x < 8; ++x) {
+        const int r = R0 + gq + (x % 4 >= 2 ? 8 : 0), i = R0 + 8 * (x / 4) + 2 * t + (x & 1);
+        float qk = 0.f, kk = 0.f;
+        if (r < l && i <= r) {
+          for (int d = 0; d < Kp; d += 4) {
+            const float4 gr = load4(g + r * ldg + d), gi = load4(g + i * ldg + d);
+            const float4 e = map4([](float a, float b, float y) { return exp2_fast(a - b) * y; }, gr, gi, tiles.k4(i, d));
+            qk += dot4(tiles.q4(r, d), e);
+            kk += dot4(tiles.k4(r, d), e);
+          }
         }
-        T[r * ldc + i] = p.scale * qk;
-        if (i < r) A[r * ldc + i] = beta[r] * kk;
+#pragma unroll
+        for (int y = 0; y < 8; ++y) {
+          if (y == x) {
+            acc_p[y / 4][y % 4] = qk;
+            acc_a[round][y / 4][y % 4] = kk;
+          }
+        }
       }
-      continue;
     }
-    for_each_acc(acc_p, [&](int r, int i, float x) {
-      if (!diagonal || i <= r) T[(R0 + r) * ldc + c0 + i] = p.scale * x;
-    });
-    for_each_acc(acc_a, [&](int r, int i, float x) {
-      if (!diagonal || i < r) A[(R0 + r) * ldc + c0 + i] = beta[R0 + r] * x;
+    for_each_acc_pair(acc_p, [&](int r, int i, float2 x) {
+      if (R0 + r >= l) return;
+      auto kept = [&](int col, float v) { return !diagonal || col <= r ? p.scale * v : 0.f; };
+      store_p(R0 + r, c0 + i, make_float2(kept(i, x.x), kept(i + 1, x.y)));
     });
   }
-  __syncthreads();
-  // P in p_states_dtype and, for the backward, in fp32 (saved_P): one pass over the staged tile.
-  store_rows(p.ws.P, p.ws.p_states_dtype, first, static_cast<int64_t>(p.HV) * C, T, ldc, l, C, p.saved_P);
-  __syncthreads();
+  // The warps below `heavy` hold one block more than the others; when all hold as many, every warp
+  // takes the side work.
+  const int most = ceil_div(tasks, kWarps), heavy = tasks - (most - 1) * kWarps;
+  const int side_first = heavy == kWarps ? 0 : heavy * 32, side_threads = blockDim.x - side_first;
+  if (static_cast<int>(threadIdx.x) >= side_first) {
+    const int thread = threadIdx.x - side_first;
+    for (int x = thread; x < l * (C / 2); x += side_threads) {  // P above the live diagonal blocks
+      const int r = x / (C / 2), i = 2 * (x % (C / 2));
+      if (i >= (r / kSub + 1) * kSub) store_p(r, i, make_float2(0.f, 0.f));
+    }
+    side(thread, side_threads);
+  }
+  __syncthreads();  // q is dead
+#pragma unroll
+  for (int round = 0; round < kRounds; ++round) {
+    if (!has_block(round)) break;
+    const Block b = block_of(round);
+    for_each_acc(acc_a[round], [&](int r, int i, float x) {
+      tiles.A[(b.R0 + r) * ldc + b.c0 + i] = !b.diagonal || i < r ? beta[b.R0 + r] * x : 0.f;
+    });
+  }
+}
 
-  // T = (I + A)^-1 by blocks: each diagonal block by forward substitution (lane i of a half-warp
-  // owns column i in registers), then the blocks below it (invert_below_diagonal). The blocks above
-  // the diagonal hold zero since the start.
-  for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < subs; b += 2 * kWarps) {
-    const float* a = A + b * kSub * (ldc + 1);
+// T = (I + A)^-1 of the chunk's live sub-chunks in T's tile, from A's live blocks on and below the
+// diagonal (A's tile): each diagonal block by forward substitution (lane i of a half-warp owns
+// column i in registers), then the blocks below it (invert_below_diagonal); the blocks above the
+// diagonal zero.
+template <Products kP, typename In>
+__device__ __forceinline__ void invert(const IntraTiles<In>& tiles, int C, int live) {
+  using Config = IntraConfig<In>;
+  constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
+  const int ldc = tiles.ldc, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* T = tiles.T;
+  for (int x = threadIdx.x; x < live * kSub * C; x += blockDim.x) {
+    const int r = x / C, i = x % C;
+    if (i >= (r / kSub + 1) * kSub) T[r * ldc + i] = 0.f;
+  }
+  for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < live; b += 2 * kWarps) {
+    const float* a = tiles.A + b * kSub * (ldc + 1);
     float col[kSub];
 #pragma unroll
     for (int r = 0; r < kSub; ++r) {
@@ -340,11 +396,11 @@ __device__ __forceinline__ void p_a_and_inverse(const ForwardParams& p, const In
     for (int r = 0; r < kSub; ++r) T[(b * kSub + r) * ldc + b * kSub + i] = col[r];
   }
   __syncthreads();
-  invert_below_diagonal<kP == Products::kTf32, kWarps>(A, T, tiles.Y, ldc, subs);
+  invert_below_diagonal<kP == Products::kTf32, kWarps>(tiles.A, T, tiles.Y, ldc, live);
 }
 
 template <Products kP, typename In, typename Dims, bool kRecompute>
-__global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::template min_blocks<Dims, kRecompute>())
+__global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::template min_blocks<Dims>())
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
@@ -377,8 +433,8 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
   const int64_t io_k = static_cast<int64_t>(p.io_HV) * K, io_v = static_cast<int64_t>(p.io_HV) * V;
   const int64_t qk_first = (c.io_row * p.io_H + qk_head) * K;
   const DType g_dtype = p.gate.g_dtype;
-  // With kRecompute a 16-bit g takes q's room until F1's first pass has read it; q comes after.
-  const bool q_after_gate = kRecompute && g_dtype != DType::kF32;
+  // A 16-bit g takes q's room until F1's first pass has read it; q comes after.
+  const bool q_after_gate = g_dtype != DType::kF32;
   auto load_q = [&] {
     if constexpr (Config::kNarrow) {
       copy_rows16_async(q, ldk, static_cast<const In*>(p.q) + qk_first, stride_qk, C, Kp, l, K);
@@ -410,10 +466,6 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
   for (int r = tid; r < C; r += nthreads) {
     beta[r] = r < l ? activate_beta(p.beta_mode, load_float(p.beta, p.beta_dtype, io_at(r))) : 0.f;
   }
-  auto zero = [&](float* x) {
-    for (int i = 4 * tid; i < C * ldc; i += 4 * nthreads) store4(x + i, float4{0.f, 0.f, 0.f, 0.f});
-  };
-  if constexpr (!kRecompute) zero(T);
   // The gate of this thread's column in F1's first pass, loaded while the copies are in flight.
   const ColumnGate gate = gates_a_column(Kp) ? column_gate(p.gate, head, head * K + min(tid % Kp, K - 1)) : ColumnGate{};
   cp_async_wait<0>();
@@ -427,18 +479,23 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     gate_rows(g, ldg, g, ldg, C, l, K, Kp, gate);
   }
   __syncthreads();
-  if constexpr (!kRecompute) zero(A);  // over the 16-bit g, now read
   if (q_after_gate) load_q();
   // gamma, the cumsum of each column in row order as F1 alone sums it: in log2 units in place, and as
-  // is for the backward's stages (gamma, and gamma_L for the state passes).
+  // is for the backward's stages (gamma, and gamma_L for the state passes). Its last row, which every
+  // K_down row reads, also goes to the scratch Y (at least Kp floats: (C / 16 - 1) 256 >= Kp for the
+  // chunk sizes 32 and 64 and K <= 128 that Problem and check_supported admit), which the inverse
+  // takes only once K_down is formed.
+  float* g_last = Y;
   for (int d = tid; d < K; d += nthreads) {
     float* gamma = p.ws.gamma != nullptr ? p.ws.gamma + row_at(0) * K + d : nullptr;
-    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] =
-        scan_column(g + d, l, ldg, [](float a) { return a; }, [&](int64_t r, float sum) {
-          g[r * ldg + d] = sum * kLog2e;
-          if (gamma != nullptr) gamma[r * stride_k] = sum;
-        });
+    const float total = scan_column(g + d, l, ldg, [](float a) { return a; }, [&](int64_t r, float sum) {
+      g[r * ldg + d] = sum * kLog2e;
+      if (gamma != nullptr) gamma[r * stride_k] = sum;
+    });
+    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] = total;
+    g_last[d] = total * kLog2e;
   }
+  for (int d = K + tid; d < Kp; d += nthreads) g_last[d] = 0.f;
   if (q_after_gate) {
     cp_async_wait<0>();
     __syncthreads();
@@ -495,35 +552,27 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
   };
   auto product_U = [&] { product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); }); };
   auto product_W = [&] { product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) { return g[i * ldg + e]; }); };
-  // The last row of gamma, which every K_down row reads, to the free scratch Y (at least Kp floats:
-  // (C / 16 - 1) 256 >= Kp for the chunk sizes 32 and 64 and K <= 128 that Problem and
-  // check_supported admit): the pass below then turns gamma into K_up in place.
-  float* g_last = Y;
-  auto keep_last_gamma = [&] {
-    for (int d = tid; d < Kp; d += nthreads) g_last[d] = g[(l - 1) * ldg + d];
-  };
-  // Q_up = q_hat exp(gamma), K_down = k_hat exp(gamma_L - gamma), and K_up = k_hat exp(gamma) in place
-  // of gamma, stored as an operand.
+  // Q_up = q_hat exp(gamma) and K_down = k_hat exp(gamma_L - gamma) stored (kStored), K_up = k_hat
+  // exp(gamma) in place of gamma as an operand (kUp), by `threads` threads.
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
-  auto form_operands = [&] {
-    for_each_cell<4>(C, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
+  auto form_operands = [&](auto stored, auto up_in_place, int thread, int threads) {
+    constexpr bool kStored = decltype(stored)::value, kUp = decltype(up_in_place)::value;
+    for_each_cell_of<4>(thread, threads, kUp ? C : l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
       const float4 gr = load4(g + s), kr = tiles.k4(r, d);
       const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
-      if (r < l) {
+      if (kStored && r < l) {
         store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, tiles.q4(r, d), up), K - d, vector);
         const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
                                  load4(g_last + d), gr);
         store_first(k_down + at, down, K - d, vector);
       }
-      store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
+      if constexpr (kUp) store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
     });
   };
 
   if constexpr (kRecompute) {
-    keep_last_gamma();
-    __syncthreads();
-    form_operands();
+    form_operands(std::true_type{}, std::true_type{}, tid, nthreads);
     __syncthreads();
     // q and k are dead: T as stored (rows of the inputs as given, its rows past l zero) into q's
     // room, v into k's.
@@ -537,18 +586,23 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     product_U();
     product_W();
   } else {
-    p_a_and_inverse<kP>(p, tiles, C, Kp, l, row_at(0) * C);
+    // Q_up and K_down by the warps that P and A leave first; then q is dead and A takes its room.
+    p_and_a<kP>(p, tiles, C, Kp, l, row_at(0) * C, [&](int thread, int threads) {
+      form_operands(std::true_type{}, std::false_type{}, thread, threads);
+    });
+    form_operands(std::false_type{}, std::true_type{}, tid, nthreads);
+    __syncthreads();
+    // k and gamma are dead: T in k's room, then v in A's once T is formed.
+    invert<kP>(tiles, C, live);
     load_v();
     if (p.ws.T != nullptr) store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
     __syncthreads();
     scale_T_columns();
-    keep_last_gamma();
+    __syncthreads();
+    product_W();
     cp_async_wait<0>();
     __syncthreads();
     product_U();
-    form_operands();
-    __syncthreads();
-    product_W();
   }
 }
 

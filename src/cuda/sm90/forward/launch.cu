@@ -151,7 +151,7 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
           with_flag(params.ws.recompute, [&](auto recompute) {
             constexpr bool kRecompute = decltype(recompute)::value;
             const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute>;
-            prefer_max_shared(kernel);  // two blocks of about 105 KB, three of the recompute's 68 KB
+            prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
             launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
                    IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
           });
