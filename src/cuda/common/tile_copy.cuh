@@ -221,40 +221,16 @@ __device__ __forceinline__ void load_rows_as_float(float* dst, int ld, const voi
 }
 
 // Stores (by the whole block) rows [0, rows) x columns [0, cols) of shared memory (row stride ld) to
-// global rows with stride `stride` floats, and in the same pass to `copy` at the same elements when
-// it is set; 16-byte stores when every row start is 16-byte aligned.
-__device__ __forceinline__ void store_rows(float* dst, int64_t stride, const float* src, int ld, int rows, int cols,
-                                           float* copy = nullptr) {
-  const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(copy) % 16 == 0;
+// global rows with stride `stride` floats; 16-byte stores when every row start is 16-byte aligned.
+__device__ __forceinline__ void store_rows(float* dst, int64_t stride, const float* src, int ld, int rows, int cols) {
+  const bool vector = stride % 4 == 0 && ld % 4 == 0 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   if (vector) {
     for_each_cell<4>(rows, cols / 4, stride, ld, [&](int, int, int64_t g, int s) {
-      const float4 x = *reinterpret_cast<const float4*>(src + s);
-      *reinterpret_cast<float4*>(dst + g) = x;
-      if (copy != nullptr) *reinterpret_cast<float4*>(copy + g) = x;
+      *reinterpret_cast<float4*>(dst + g) = *reinterpret_cast<const float4*>(src + s);
     });
     return;
   }
-  for_each_cell<1>(rows, cols, stride, ld, [&](int, int, int64_t g, int s) {
-    dst[g] = src[s];
-    if (copy != nullptr) copy[g] = src[s];
-  });
-}
-
-// store_rows into global rows of a dtype known at run time, from element `offset` of base: fp32 as
-// above, other dtypes rounded to nearest by pairs of adjacent columns (cols even); and, when `copy`
-// is set, in fp32 to its elements from the same offset in the same pass (by 8-byte pairs for a
-// 16-bit base: copy 8-byte aligned, offset and stride even).
-__device__ __forceinline__ void store_rows(void* base, DType dtype, int64_t offset, int64_t stride, const float* src,
-                                           int ld, int rows, int cols, float* copy = nullptr) {
-  if (copy != nullptr) copy += offset;
-  if (dtype == DType::kF32) return store_rows(static_cast<float*>(base) + offset, stride, src, ld, rows, cols, copy);
-  const bool paired = offset % 2 == 0 && pairs_aligned(base, dtype, stride);
-  for_each_cell<2>(rows, cols / 2, stride, ld, [&](int, int, int64_t g, int s) {
-    const float2 x = make_float2(src[s], src[s + 1]);
-    store_pair(base, dtype, offset + g, x, true, paired);
-    if (copy != nullptr) *reinterpret_cast<float2*>(copy + g) = x;
-  });
+  for_each_cell<1>(rows, cols, stride, ld, [&](int, int, int64_t g, int s) { dst[g] = src[s]; });
 }
 
 // Multiplies a [rows, cols] block of shared memory (row stride ld; cols and ld multiples of 4) by

@@ -76,8 +76,8 @@ void with_dims(const Problem& p, F f) {
 }
 
 // Asks for the largest shared-memory carveout, under which the kernel's blocks that fit by shared
-// memory (two of fwd_intra, three of its recompute at the common shape, two or three of fwd_state
-// and of bwd_state) share an SM.
+// memory (three of fwd_intra at the common shape, two elsewhere; two or three of fwd_state and of
+// bwd_state) share an SM.
 template <typename Kernel>
 void prefer_max_shared(Kernel kernel) {
   raise_kernel_attribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributePreferredSharedMemoryCarveout,
