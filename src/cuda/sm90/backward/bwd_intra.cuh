@@ -79,6 +79,25 @@ __device__ __forceinline__ void to_columns(const float (&acc)[N][4], float (&col
   __syncwarp();
 }
 
+// Sums x[r] over the warp's lanes for each of 16 rows r, lanes 2 h and 2 h + 1 ending with row h's
+// sum in x[0]: a reduce-scatter, each step (kHalf = 8, 4, 2, 1) exchanging half the rows a lane
+// holds with lane ^ 2 kHalf, then the pair's sum; 16 shuffles where a butterfly per row takes 80.
+// Each row's sum takes the butterfly's pairs in its order: the bits of one.
+template <int kHalf = 8>
+__device__ __forceinline__ void sum_over_lanes(float (&x)[16]) {
+  const bool upper = threadIdx.x & 2 * kHalf;  // keeps rows [kHalf, 2 kHalf) of the ones it holds
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float lo = x[i], hi = x[i + kHalf];
+    x[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, 2 * kHalf);
+  }
+  if constexpr (kHalf > 1) {
+    sum_over_lanes<kHalf / 2>(x);
+  } else {
+    x[0] += __shfl_xor_sync(0xffffffffu, x[0], 1);
+  }
+}
+
 // kScaled: use_qk_l2norm_in_kernel (the row scales exist). Without it the kernel multiplies by
 // nothing: scales of 1 cost it registers (ptxas spilled 32 bytes) and 8% of its time.
 template <Products kP, typename Dims, typename Qk, bool kScaled>
@@ -240,27 +259,34 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
         dkc[i] += pe * q_r + ae * bk_r;
       }
     }
+    // sum_d k dk_rows over the warp's columns for dbeta.
+    float kdk[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) kdk[r] = kc[r] * dkr[r];
+    sum_over_lanes(kdk);
+    if (lane % 2 == 0) part[c0 / kCols * C + R0 + lane / 2] = kdk[0];
     // Update B3's partials (the elements of one chunk and head belong to this block alone: no
-    // atomics), and sum k dk_rows over the warp's columns for dbeta, lanes in a fixed order. The
-    // partials of kBatch rows are loaded before any is stored, so their loads are in flight together.
+    // atomics). The partials of the next kBatch rows are loaded before this batch's are stored, so
+    // each batch's loads wait behind the batch before.
     constexpr int kBatch = 2;
     const int64_t first = row_at(R0) * K + d;  // row r of the sub-chunk is r * stride_k further
     // The same in dq and dk as given (qk_in_intra: query/key heads are the value heads).
     const int64_t io_first = ((c.io_row + R0) * f.io_HV + head) * K + d, io_k = static_cast<int64_t>(f.io_HV) * K;
-#pragma unroll
-    for (int r0 = 0; r0 < 16; r0 += kBatch) {
-      float3 old[kBatch];
+    auto load_old = [&](int r0, float3(&old)[kBatch]) {
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int64_t at = first + (r0 + b) * stride_k;
         if (r0 + b < rows && d < K) old[b] = make_float3(p.ws.dq[at], p.ws.dk[at], p.ws.dgamma[at]);
       }
+    };
+    float3 old[kBatch], next[kBatch];
+    load_old(0, old);
+#pragma unroll
+    for (int r0 = 0; r0 < 16; r0 += kBatch) {
+      if (r0 + kBatch < 16) load_old(r0 + kBatch, next);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int r = r0 + b;
-        float kdk = kc[r] * dkr[r];
-        for (int offset = 16; offset > 0; offset /= 2) kdk += __shfl_xor_sync(0xffffffffu, kdk, offset);
-        if (lane == 0) part[c0 / kCols * C + R0 + r] = kdk;
         if (r >= rows || d >= K) continue;
         const int64_t at = first + r * stride_k;
         const float dk_rows_r = dkr[r] * beta[R0 + r], dq_total = old[b].x + dq[r];
@@ -274,6 +300,8 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
         }
         p.ws.dgamma[at] = old[b].z + (q_hat(R0 + r, d) * dq[r] + kc[r] * (dk_rows_r - dkc[r]));
       }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) old[b] = next[b];
     }
   }
   __syncthreads();
