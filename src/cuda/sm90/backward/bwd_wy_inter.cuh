@@ -130,7 +130,10 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
     return int3{warp < C / 16 * groups, warp / groups * 16, warp % groups * kCols};
   };
 
-  for (int r = tid; r < C; r += nthreads) betas[r] = r < l ? f.ws.beta_act[row_at(r)] : 0.f;  // read after phase 1
+  // beta_act of row tid, loaded now and stored after phase 1 (which reads it not): the load waits
+  // behind phase 1's copies, not phase 1 behind it.
+  static_assert(64 <= WyInterConfig::kThreads, "a thread per row of the largest chunk");
+  const float beta_row = tid < l ? f.ws.beta_act[row_at(tid)] : 0.f;
   // Phase 1: B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T (accumulated over V-tiles in
   // registers), carry = rowsum(S * dS). Rows past the chunk's end and padding are zero.
   if constexpr (kStateWgmma) {
@@ -195,6 +198,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
       for_each_acc(acc2, [&](int r, int d, float x) { if (c0 + d < Kp) B2[(R0 + r) * ldb + c0 + d] = x; });
     }
   }
+  if (tid < C) betas[tid] = beta_row;
   __syncthreads();
   // T and d_delta into the region, which phase 1 has finished with, while phase 2 runs.
   float* T = smem + L.t;    // [C, ldt]
