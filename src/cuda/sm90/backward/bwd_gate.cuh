@@ -18,7 +18,7 @@ struct BwdGateConfig {
   static constexpr int kRowsInFlight = 8;
   // Ten resident blocks (48 registers a thread, no spill; 94 left five): the row batches wait on
   // memory, and more blocks keep more of them in flight (0.70 -> 0.50 ms at B1_T8192_H96).
-  static constexpr int kMinBlocks = 10;
+  static constexpr int kMinBlocks = 8;
   static size_t smem_bytes(int, int, int) { return 0; }
 };
 
@@ -56,14 +56,19 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
     float da = 0.f;
     double ddt_bias = 0.0;
     // Rows from the last: da of row r is da of row r + 1 plus dgamma_r, the CPU's sum bit for bit.
-    // A batch's loads are issued before its serial sums, which would otherwise wait on each load.
-    for (int r0 = l - 1; r0 >= 0; r0 -= kBatch) {
-      float dgamma[kBatch], g[kBatch];
+    // A batch's loads are issued before its serial sums, which would otherwise wait on each load,
+    // and the next batch's before this one's sums and stores, so that they wait behind them.
+    auto load_batch = [&](int r0, float(&dgamma)[kBatch], float(&g)[kBatch]) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         dgamma[u] = r0 - u >= 0 ? p.ws.dgamma[first + (r0 - u) * stride + d] : 0.f;
         g[u] = r0 - u >= 0 && in_kernel ? to_float(g_in[io_first + (r0 - u) * io_stride + d]) : 0.f;
       }
+    };
+    float dgamma[kBatch], g[kBatch], next_dgamma[kBatch], next_g[kBatch];
+    load_batch(l - 1, dgamma, g);
+    for (int r0 = l - 1; r0 >= 0; r0 -= kBatch) {
+      if (r0 - kBatch >= 0) load_batch(r0 - kBatch, next_dgamma, next_g);
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (r0 - u < 0) break;
@@ -82,6 +87,11 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
           ddt_bias += static_cast<double>(dx);
         }
         if (dg) dg[io_first + (r0 - u) * io_stride + d] = from_float<GT>(dx);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        dgamma[u] = next_dgamma[u];
+        g[u] = next_g[u];
       }
     }
     if (in_kernel) p.ws.ddt_bias_parts[(chunk * f.HV + head) * K + d] = ddt_bias;
