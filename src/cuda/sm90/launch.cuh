@@ -117,9 +117,10 @@ void with_qk_storage(DType qk, F f) {
   }
 }
 
-// A run-time flag as a kernel's template argument: whether B4 reads the l2norm row scales
-// (use_qk_l2norm_in_kernel; BwdIntraConfig), whether F2 is the backward's recompute from the
-// forward's saved T (ForwardWorkspace::recompute). Calls f(std::true_type{}) or f(std::false_type{}).
+// A run-time flag as a kernel's template argument: whether F2 and B4 read the l2norm row scales
+// (use_qk_l2norm_in_kernel; IntraTiles, BwdIntraConfig), whether F2 is the backward's recompute
+// from the forward's saved T (ForwardWorkspace::recompute). Calls f(std::true_type{}) or
+// f(std::false_type{}).
 template <typename F>
 void with_flag(bool flag, F f) {
   if (flag) f(std::true_type{});

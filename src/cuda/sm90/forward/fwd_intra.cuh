@@ -81,9 +81,10 @@ struct IntraLayout {
   }
 };
 
-// The block's shared-memory tiles (IntraLayout) and their row strides, with q_hat and k_hat
-// (l2-normalised when asked) read as fp32.
-template <typename In>
+// The block's shared-memory tiles (IntraLayout) and their row strides, with q_hat and k_hat read as
+// fp32: times the row scales of use_qk_l2norm_in_kernel when kScaled, as given otherwise (a multiply
+// by scales of 1 cost every operand read a shared load and a multiply).
+template <typename In, bool kScaled>
 struct IntraTiles {
   In* q;
   In* k;
@@ -96,8 +97,12 @@ struct IntraTiles {
   float* scale_k;
   int ldk, ldg, ldc;
 
-  __device__ float q_at(int r, int d) const { return to_float(q[r * ldk + d]) * scale_q[r]; }
-  __device__ float k_at(int r, int d) const { return to_float(k[r * ldk + d]) * scale_k[r]; }
+  __device__ float q_at(int r, int d) const { return scaled(to_float(q[r * ldk + d]), scale_q, r); }
+  __device__ float k_at(int r, int d) const { return scaled(to_float(k[r * ldk + d]), scale_k, r); }
+  __device__ static float scaled(float x, const float* scale, int r) {
+    if constexpr (kScaled) return x * scale[r];
+    else return x;
+  }
   __device__ float4 q4(int r, int d) const;
   __device__ float4 k4(int r, int d) const;
 };
@@ -109,14 +114,14 @@ __device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
 }
 
 // scale[r] = 1 / sqrt(sum of squares of row r + 1e-6) for the rows r < rows of x [C, K] (row
-// stride ld) when `l2norm` (kda-math.md 2.3), else 1: q_hat = q * scale, formed where it is read,
-// the same fp32 product as scaling the rows in place.
+// stride ld), 1 for the others (kda-math.md 2.3): q_hat = q * scale, formed where it is read, the
+// same fp32 product as scaling the rows in place.
 template <typename In>
-__device__ __forceinline__ void row_scales(const In* x, int rows, int C, int K, int ld, bool l2norm, float* scale) {
+__device__ __forceinline__ void row_scales(const In* x, int rows, int C, int K, int ld, float* scale) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < C; r += IntraConfig<In>::kWarps) {
     float rstd = 1.f;
-    if (l2norm && r < rows) {
+    if (r < rows) {
       float sum = 0.f;
       for (int d = lane; d < K; d += 32) sum += to_float(x[r * ld + d]) * to_float(x[r * ld + d]);
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -138,14 +143,14 @@ __device__ __forceinline__ float4 load4_as_float(const In* p) {
   }
 }
 
-template <typename In>
-__device__ __forceinline__ float4 IntraTiles<In>::q4(int r, int d) const {
-  return map4([&](float x) { return x * scale_q[r]; }, load4_as_float(q + r * ldk + d));
+template <typename In, bool kScaled>
+__device__ __forceinline__ float4 IntraTiles<In, kScaled>::q4(int r, int d) const {
+  return map4([&](float x) { return scaled(x, scale_q, r); }, load4_as_float(q + r * ldk + d));
 }
 
-template <typename In>
-__device__ __forceinline__ float4 IntraTiles<In>::k4(int r, int d) const {
-  return map4([&](float x) { return x * scale_k[r]; }, load4_as_float(k + r * ldk + d));
+template <typename In, bool kScaled>
+__device__ __forceinline__ float4 IntraTiles<In, kScaled>::k4(int r, int d) const {
+  return map4([&](float x) { return scaled(x, scale_k, r); }, load4_as_float(k + r * ldk + d));
 }
 
 // Row r and column i of the idx-th pair (i < r) of a strictly lower triangle, row by row.
@@ -241,9 +246,9 @@ __device__ __forceinline__ void gate_rows(const G* g, int ld_g, float* x, int ld
 // tile, in q's room once every warp has read q: the live blocks on and below the diagonal, zero on
 // and above it. The warps with fewer blocks than others take the zeros of P and then
 // side(thread, threads), work that neither writes shared memory nor waits for P or A.
-template <Products kP, typename In, typename Side>
-__device__ __forceinline__ void p_and_a(const ForwardParams& p, const IntraTiles<In>& tiles, int C, int Kp, int l,
-                                        int64_t first, Side side) {
+template <Products kP, typename In, bool kScaled, typename Side>
+__device__ __forceinline__ void p_and_a(const ForwardParams& p, const IntraTiles<In, kScaled>& tiles, int C, int Kp,
+                                        int l, int64_t first, Side side) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
   // A warp's tasks: at most kRounds for chunks of up to 64 rows (4 sub-chunks, 10 blocks), whose
@@ -372,15 +377,19 @@ __device__ __forceinline__ void p_and_a(const ForwardParams& p, const IntraTiles
 // diagonal (A's tile): each diagonal block by forward substitution (lane i of a half-warp owns
 // column i in registers), then the blocks below it (invert_below_diagonal); the blocks above the
 // diagonal zero.
-template <Products kP, typename In>
-__device__ __forceinline__ void invert(const IntraTiles<In>& tiles, int C, int live) {
+template <Products kP, typename In, bool kScaled>
+__device__ __forceinline__ void invert(const IntraTiles<In, kScaled>& tiles, int C, int live) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
   const int ldc = tiles.ldc, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* T = tiles.T;
-  for (int x = threadIdx.x; x < live * kSub * C; x += blockDim.x) {
-    const int r = x / C, i = x % C;
-    if (i >= (r / kSub + 1) * kSub) T[r * ldc + i] = 0.f;
+  // The zeros above the diagonal blocks, four columns a store, by the warps that hold no diagonal
+  // block (two to a warp below).
+  const int solving = ceil_div(live, 2) * 32;
+  for (int x = static_cast<int>(threadIdx.x) - solving; x >= 0 && x < live * kSub * (C / 4);
+       x += static_cast<int>(blockDim.x) - solving) {
+    const int r = x / (C / 4), i = 4 * (x % (C / 4));
+    if (i >= (r / kSub + 1) * kSub) store4(T + r * ldc + i, float4{0.f, 0.f, 0.f, 0.f});
   }
   for (int b = warp * 2 + lane / kSub, i = lane % kSub; b < live; b += 2 * kWarps) {
     const float* a = tiles.A + b * kSub * (ldc + 1);
@@ -399,7 +408,8 @@ __device__ __forceinline__ void invert(const IntraTiles<In>& tiles, int C, int l
   invert_below_diagonal<kP == Products::kTf32, kWarps>(tiles.A, T, tiles.Y, ldc, live);
 }
 
-template <Products kP, typename In, typename Dims, bool kRecompute>
+// kScaled: use_qk_l2norm_in_kernel (IntraTiles).
+template <Products kP, typename In, typename Dims, bool kRecompute, bool kScaled>
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::template min_blocks<Dims>())
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   using Config = IntraConfig<In>;
@@ -423,7 +433,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
   float* beta = reinterpret_cast<float*>(smem_bytes + L.beta);
   float* scale_q = reinterpret_cast<float*>(smem_bytes + L.scale_q);
   float* scale_k = reinterpret_cast<float*>(smem_bytes + L.scale_k);
-  const IntraTiles<In> tiles{q, k, g, A, T, Y, beta, scale_q, scale_k, ldk, ldg, ldc};
+  const IntraTiles<In, kScaled> tiles{q, k, g, A, T, Y, beta, scale_q, scale_k, ldk, ldg, ldc};
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * p.HV + head; };  // (token, value head) row
   auto io_at = [&](int r) { return (c.io_row + r) * p.io_HV + head; };  // the same in g, v and beta
@@ -500,14 +510,16 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     cp_async_wait<0>();
     __syncthreads();
   }
-  row_scales(q, l, C, K, ldk, p.l2norm, scale_q);
-  row_scales(k, l, C, K, ldk, p.l2norm, scale_k);
+  if constexpr (kScaled) {
+    row_scales(q, l, C, K, ldk, scale_q);
+    row_scales(k, l, C, K, ldk, scale_k);
+  }
   __syncthreads();
   const bool vector = K % 4 == 0;  // aligned global rows of K floats (of K bf16 operands: 8 bytes)
   if (p.ws.beta_act != nullptr) {  // the backward's recompute keeps what its stages read again
     for (int r = tid; r < l; r += nthreads) p.ws.beta_act[row_at(r)] = beta[r];
     // The row scales, by the first value head of each query/key head (the others compute the same).
-    if (p.ws.scale_q != nullptr && head % (p.HV / p.H) == 0) {
+    if (kScaled && p.ws.scale_q != nullptr && head % (p.HV / p.H) == 0) {
       for (int r = tid; r < l; r += nthreads) {
         const int64_t at = (c.first_row + r) * p.H + qk_head;
         p.ws.scale_q[at] = scale_q[r];

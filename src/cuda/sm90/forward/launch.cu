@@ -149,11 +149,15 @@ void forward_local_stages(const Problem& p, const ForwardParams& params, Product
       } else {
         with_dims<decltype(kp)::value>(p, [&](auto dims) {
           with_flag(params.ws.recompute, [&](auto recompute) {
-            constexpr bool kRecompute = decltype(recompute)::value;
-            const auto kernel = fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute>;
-            prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
-            launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
-                   IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s, params);
+            with_flag(params.l2norm, [&](auto scaled) {
+              constexpr bool kRecompute = decltype(recompute)::value;
+              const auto kernel =
+                  fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute, decltype(scaled)::value>;
+              prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
+              launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
+                     IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s,
+                     params);
+            });
           });
         });
       }
