@@ -1,14 +1,10 @@
 """scripts/bitdump.py: two dumps compared bit for bit (the comparison runs anywhere; dumps need CUDA)."""
 
-import importlib.util
-import pathlib
-
 import torch
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bitdump.py"
-_SPEC = importlib.util.spec_from_file_location("bitdump", _PATH)
-bitdump = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bitdump)
+import repo_scripts
+
+bitdump = repo_scripts.load("scripts/bitdump.py")
 
 
 def _dump():

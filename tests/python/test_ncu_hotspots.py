@@ -1,14 +1,10 @@
 """benchmarks/ncu_hotspots.py: stall samples of the SASS rows summed onto their CUDA source line."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ncu_hotspots.py"
-_SPEC = importlib.util.spec_from_file_location("ncu_hotspots", _PATH)
-ncu_hotspots = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(ncu_hotspots)
+import repo_scripts
+
+ncu_hotspots = repo_scripts.load("benchmarks/ncu_hotspots.py")
 
 LISTING = "\n".join([
     '"Kernel Name","fkt::cuda::fwd_intra_kernel(fkt::cuda::ForwardParams)"',

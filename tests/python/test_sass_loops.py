@@ -1,12 +1,8 @@
 """benchmarks/sass_loops.py: the loops of a cuobjdump listing (backward branches) and their mix."""
 
-import importlib.util
-import pathlib
+import repo_scripts
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sass_loops.py"
-_SPEC = importlib.util.spec_from_file_location("sass_loops", _PATH)
-sass_loops = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(sass_loops)
+sass_loops = repo_scripts.load("benchmarks/sass_loops.py")
 
 LISTING = "\n".join([
     "\t\tFunction : _Z6kernelv",
