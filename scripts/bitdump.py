@@ -47,8 +47,7 @@ CONFIGS = {
 
 def run(index, inputs, options):
     """o, the final state and every gradient of one forward+backward on the CUDA backend."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
-    from kda_cases import make_inputs
+    from kda_cases import make_inputs  # tests/python, on the path that main() sets once
 
     import flash_kda_train as fkt
 
@@ -89,6 +88,7 @@ def compare(a, b):
 
 def main(argv):
     if len(argv) == 2 and argv[0] == "dump":
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
         dump = {name: run(i, *CONFIGS[name]) for i, name in enumerate(sorted(CONFIGS))}
         torch.save(dump, argv[1])
         return 0
