@@ -251,8 +251,10 @@ def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, stat
     """The state passes run blocks of 16 warps when the SMs hold the grid one block each, else blocks
     of 8 warps, two per SM, or three (fwd_state, bf16) when two per SM do not hold it either
     (with_state_residency); the wgmma passes (bf16, K = V = 128) take one warpgroup per 64 columns
-    whatever the grid. The same arithmetic in the same order: the first sequences of a pack give the
-    same bits alone (few blocks) as in packs of more blocks."""
+    whatever the grid, and the backward runs its two side by side where both grids together give
+    each block an SM (state_passes_together: the fewest sequences here), else one after the other.
+    The same arithmetic in the same order: the first sequences of a pack give the same bits alone
+    (few blocks) as in packs of more blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     heads = 4
     per_sequence = -(-V // 32) * heads  # blocks: sequences x V-tiles of 32 x heads

@@ -54,8 +54,9 @@ struct BwdStateWgmmaLayout {
   static constexpr uint32_t kDeltaBytes = 2 * kBox + 4 * kK, kUpdateBytes = 5 * kBox;
 };
 
-__global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
-    bwd_state_wgmma_kernel(const __grid_constant__ BwdStateWgmmaParams params) {
+// The block's work, for bwd_state_wgmma_kernel and for state_passes_kernel; params: a kernel
+// parameter (its tensor maps are read by TMA where they are).
+__device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& params) {
   using L = BwdStateWgmmaLayout;
   constexpr int kThreads = L::kThreads, C = L::kC, K = L::kK, kTile = L::kTile, kBox = L::kBox;
   constexpr int V = CommonDims::v(ForwardParams{});
@@ -221,6 +222,11 @@ __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
       p.dh0[state_index(f, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = s * x;
     });
   }
+}
+
+__global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
+    bwd_state_wgmma_kernel(const __grid_constant__ BwdStateWgmmaParams params) {
+  bwd_state_wgmma(params);
 }
 
 }  // namespace fkt::cuda

@@ -16,6 +16,7 @@
 #include "cuda/sm90/backward/bwd_state.cuh"
 #include "cuda/sm90/backward/bwd_state_wgmma.cuh"
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
+#include "cuda/sm90/backward/state_passes.cuh"
 #include "cuda/sm90/backward/views.hpp"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/saved.hpp"
@@ -187,6 +188,33 @@ void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, 
          BwdParamsConfig::smem_bytes(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)), s, params);
 }
 
+// Whether B0's F4 and B2 run side by side (state_passes_kernel): both on wgmma (bf16 products and
+// a bf16 dO at the common shape, where F4 always does, and backward_state_on_wgmma), F4 run again,
+// and the blocks of both few enough for an SM each. Where more blocks than SMs share the SMs,
+// each pass's SMs are busy already and the two together took as long as one after the other
+// (docs/design.md, "The backward's state passes side by side").
+bool state_passes_together(const Problem& p, const BackwardParams& params) {
+  const dim3 grid = state_pass_grid(p, BwdStateWgmmaLayout::kTile);
+  return !p.keep_forward && products_for(p) == Products::kTf32 && CommonDims::matches(p) &&
+         params.d_o_dtype == DType::kBF16 && backward_state_on_wgmma(params) &&
+         2 * static_cast<int64_t>(grid.x) * grid.y <= device_limits(p.device.device_id).sms;
+}
+
+// B0's F4 and B2 in one launch (state_passes_together), one block per SM: each asks for all the
+// shared memory that a block may have, so that no two share an SM's tensor cores.
+void state_passes(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+  StatePassesParams args{};
+  args.forward = fwd_state_wgmma_params(p, params.fwd);
+  args.backward = wgmma_params(p, params);
+  dim3 grid = state_pass_grid(p, BwdStateWgmmaLayout::kTile);
+  grid.z = 2;
+  const DeviceLimits& device = device_limits(p.device.device_id);
+  const int smem = device.smem_per_sm - device.reserved_smem_per_block;
+  FKT_CHECK(smem >= kStatePassesBytes) << "internal: the state passes need " << kStatePassesBytes
+                                       << " bytes of shared memory a block, the device has " << smem;
+  launch(state_passes_kernel, grid, BwdStateWgmmaLayout::kThreads, smem, s, args);
+}
+
 // B0 to B8 of p (a part's problem and params, or the call's).
 void backward_part(const Problem& p, const BackwardParams& params, void* stream) {
   const DeviceGuard device(p.device.device_id);
@@ -195,21 +223,35 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
 
   // B0: the forward's intermediates again, keeping T and the activated inputs (no output), unless
-  // the workspace is the forward's, which wrote them (keep_forward, c_api.h).
+  // the workspace is the forward's, which wrote them (keep_forward, c_api.h). With the state passes
+  // together, B1's intra part of d_delta, then F4 beside B2, then B1's dP.
   const Products products = products_for(p);
-  if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
+  const bool together = state_passes_together(p, params);
+  if (together) forward_local_stages(p, params.fwd, products, stream);
+  else if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
 
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     with_dims<kP>(p, [&](auto dims) {
       with_d_o_storage<kP>(params.d_o_dtype, [&](auto stored) {
+        using Dims = decltype(dims);
         using DoT = decltype(stored);
-        launch(bwd_dp_kernel<kP, decltype(dims), DoT>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes<DoT>(C, V), s,
-               params);
+        auto dp = [&](auto parts) {
+          constexpr DpParts kParts = decltype(parts)::value;
+          launch(bwd_dp_kernel<kP, Dims, DoT, kParts>, per_chunk, DpConfig::kThreads,
+                 DpConfig::smem_bytes<DoT, kParts>(C, V), s, params);
+        };
+        if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
+          if (together) {
+            dp(std::integral_constant<DpParts, DpParts::kIntra>{});
+            state_passes(p, params, s);
+            return dp(std::integral_constant<DpParts, DpParts::kDp>{});
+          }
+        }
+        FKT_CHECK(!together) << "internal: the state passes together outside their instance";
+        dp(std::integral_constant<DpParts, DpParts::kBoth>{});
+        backward_state_pass<kP, Dims, DoT>(p, params, s);
       });
-    });
-    with_d_o_storage<kP>(params.d_o_dtype, [&](auto d_o) {
-      with_dims<kP>(p, [&](auto dims) { backward_state_pass<kP, decltype(dims), decltype(d_o)>(p, params, s); });
     });
     with_dims<kP>(p, [&](auto dims) {
       using Dims = decltype(dims);

@@ -61,10 +61,11 @@ struct FwdStateWgmmaLayout {
 };
 
 // Stored: void, F5 inside the pass (ws.output_in_state_pass); float, the states and delta in fp32
-// (the backward's layout; at the common shape bf16 states come only with F5 inside).
+// (the backward's layout; at the common shape bf16 states come only with F5 inside). The block's
+// work, for fwd_state_wgmma_kernel and for the backward's state_passes_kernel; params: a kernel
+// parameter (its tensor maps are read by TMA where they are).
 template <typename Stored>
-__global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::kThreads, 2)
-    fwd_state_wgmma_kernel(const __grid_constant__ FwdStateWgmmaParams params) {
+__device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& params) {
   constexpr bool kOutput = std::is_void_v<Stored>;
   static_assert(kOutput || std::is_same_v<Stored, float>, "o, or fp32 states and delta");
   using L = FwdStateWgmmaLayout<kOutput>;
@@ -259,6 +260,16 @@ __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::k
     }
   }
   if (p.final_state != nullptr) store_state(p.final_state);
+}
+
+// The pass's arguments for p (host, forward/launch.cu): the tensor maps of the workspace rows it
+// reads (bf16 operands, fp32 U), in boxes of one chunk's tokens.
+FwdStateWgmmaParams fwd_state_wgmma_params(const Problem& p, const ForwardParams& params);
+
+template <typename Stored>
+__global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::kThreads, 2)
+    fwd_state_wgmma_kernel(const __grid_constant__ FwdStateWgmmaParams params) {
+  fwd_state_wgmma<Stored>(params);
 }
 
 }  // namespace fkt::cuda

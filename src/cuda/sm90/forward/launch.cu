@@ -39,22 +39,6 @@ struct TypeTag {
   using type = T;
 };
 
-// fwd_state_wgmma's arguments: the tensor maps of the workspace rows it reads (bf16 operands,
-// fp32 U), in boxes of one chunk's tokens.
-FwdStateWgmmaParams wgmma_params(const Problem& p, const ForwardParams& params) {
-  const int64_t tokens = p.B * p.T;
-  FwdStateWgmmaParams wgmma{};
-  wgmma.p = params;
-  wgmma.w = row_tensor_map(params.ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  wgmma.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  wgmma.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
-  if (params.ws.output_in_state_pass) {
-    wgmma.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-    wgmma.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
-  }
-  return wgmma;
-}
-
 // F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
 // registers (fwd_state_wgmma), else the mma.sync pass. With ws.output_in_state_pass the wgmma pass
 // writes o (F5) and keeps the states on chip. At the common shape it always runs on wgmma: B3's
@@ -68,7 +52,7 @@ void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
       using L = FwdStateWgmmaLayout<std::is_void_v<Stored>>;
       const auto kernel = fwd_state_wgmma_kernel<Stored>;
       prefer_max_shared(kernel);
-      launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s, wgmma_params(p, params));
+      launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s, fwd_state_wgmma_params(p, params));
     };
     if (params.ws.output_in_state_pass) return wgmma_pass(TypeTag<void>{});
     // At the common shape bf16 states come with output_in_state_pass only (ForwardWorkspace::carve).
@@ -99,6 +83,20 @@ void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream) 
 }
 
 }  // namespace
+
+FwdStateWgmmaParams fwd_state_wgmma_params(const Problem& p, const ForwardParams& params) {
+  const int64_t tokens = p.B * p.T;
+  FwdStateWgmmaParams wgmma{};
+  wgmma.p = params;
+  wgmma.w = row_tensor_map(params.ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  wgmma.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+  wgmma.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
+  if (params.ws.output_in_state_pass) {
+    wgmma.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
+    wgmma.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
+  }
+  return wgmma;
+}
 
 void check_supported(const Problem& p) {
   for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.g, &p.beta}) {
