@@ -197,10 +197,6 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       for_each_acc(d, [&](int r, int col, float x) {
         *reinterpret_cast<float*>(smem + L::out + L::Rows32::at(col, v0 + r)) = tf32_rounded(x);
       });
-    } else {
-      wgmma_wait();
-      pin_accumulator(o);
-      transform_acc(o, [&](int, int, float x) { return p.scale * x; });
     }
     __syncthreads();  // W, U, gamma_L (and Q_up) are consumed; exp(gamma_L) is in (and h_j, delta staged)
     if (leader && j + 1 < b.chunks) issue_values(j + 1);
@@ -213,9 +209,13 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       fence_proxy_async_shared();
       __syncthreads();
     }
+    if constexpr (kOutput) {  // o^T = s S^T Q_up^T, waited for only now
+      wgmma_wait();
+      pin_accumulator(o);
+      transform_acc(o, [&](int, int, float x) { return p.scale * x; });
+    }
     pin_accumulator(s[0]);
     pin_accumulator(s[1]);
-    if constexpr (kOutput) pin_accumulator(o);
     wgmma_fence();
     const uint64_t kd = Swizzled128::mn_major(ops + L::kd);
 #pragma unroll
