@@ -188,15 +188,15 @@ void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, 
          BwdParamsConfig::smem_bytes(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)), s, params);
 }
 
-// Whether B0's F4 and B2 run side by side (state_passes_kernel): both on wgmma (bf16 products and
-// a bf16 dO at the common shape, where F4 always does, and backward_state_on_wgmma), F4 run again,
-// and the blocks of both few enough for an SM each. Where more blocks than SMs share the SMs,
-// each pass's SMs are busy already and the two together took as long as one after the other
-// (docs/design.md, "The backward's state passes side by side").
+// Whether B0's F4 and B2 run side by side (state_passes_kernel), for the instance of bf16 products
+// and a bf16 dO at the common shape (kBf16DoAtCommonShape, where F4 always runs on wgmma): B2 on
+// wgmma too (backward_state_on_wgmma), F4 run again, and the blocks of both few enough for an SM
+// each. Where more blocks than SMs share the SMs, each pass's SMs are busy already and the two
+// together took as long as one after the other (docs/design.md, "The backward's state passes side
+// by side").
 bool state_passes_together(const Problem& p, const BackwardParams& params) {
   const dim3 grid = state_pass_grid(p, BwdStateWgmmaLayout::kTile);
-  return !p.keep_forward && products_for(p) == Products::kTf32 && CommonDims::matches(p) &&
-         params.d_o_dtype == DType::kBF16 && backward_state_on_wgmma(params) &&
+  return !p.keep_forward && backward_state_on_wgmma(params) &&
          2 * static_cast<int64_t>(grid.x) * grid.y <= device_limits(p.device.device_id).sms;
 }
 
@@ -222,14 +222,7 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
 
-  // B0: the forward's intermediates again, keeping T and the activated inputs (no output), unless
-  // the workspace is the forward's, which wrote them (keep_forward, c_api.h). With the state passes
-  // together, B1's intra part of d_delta, then F4 beside B2, then B1's dP.
   const Products products = products_for(p);
-  const bool together = state_passes_together(p, params);
-  if (together) forward_local_stages(p, params.fwd, products, stream);
-  else if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
-
   with_products(products, [&](auto kp) {
     constexpr Products kP = decltype(kp)::value;
     with_dims<kP>(p, [&](auto dims) {
@@ -241,14 +234,18 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
           launch(bwd_dp_kernel<kP, Dims, DoT, kParts>, per_chunk, DpConfig::kThreads,
                  DpConfig::smem_bytes<DoT, kParts>(C, V), s, params);
         };
+        // B0: the forward's intermediates again, keeping T and the activated inputs (no output),
+        // unless the workspace is the forward's, which wrote them (keep_forward, c_api.h); B1 and
+        // B2. With the state passes together: F2, B1's intra part of d_delta, F4 beside B2, B1's dP.
         if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
-          if (together) {
+          if (state_passes_together(p, params)) {
+            forward_local_stages(p, params.fwd, products, stream);
             dp(std::integral_constant<DpParts, DpParts::kIntra>{});
             state_passes(p, params, s);
             return dp(std::integral_constant<DpParts, DpParts::kDp>{});
           }
         }
-        FKT_CHECK(!together) << "internal: the state passes together outside their instance";
+        if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
         dp(std::integral_constant<DpParts, DpParts::kBoth>{});
         backward_state_pass<kP, Dims, DoT>(p, params, s);
       });
