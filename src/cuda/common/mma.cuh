@@ -23,15 +23,18 @@ struct SplitTf32 {
   uint32_t hi, lo;
 };
 
-// x rounded to TF32 (10 stored significand bits) by adding half a TF32 ulp to the bits and
-// truncating: two integer instructions, where cvt.rna.tf32.f32 is emulated on sm_90 with four.
-// Infinities stay infinite; a NaN may round to a signed zero, but its low part (x - hi) is NaN,
-// so NaN still reaches the product.
-__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// x rounded to the nearest TF32 (10 stored significand bits, the low 13 bits zero; ties to even):
+// cvt.rn.tf32.f32 (PTX 7.8, sm_90) is one F2FP.TF32 instruction, where adding half an ulp to the
+// bits and masking took two and a NaN check a third. Infinities stay infinite, NaN stays NaN.
+__device__ __forceinline__ uint32_t round_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
 
 // x rounded to TF32 as an fp32 value, for an operand stored where it is produced and read by TF32
-// wgmma products (which truncate): NaN stays NaN.
-__device__ __forceinline__ float tf32_rounded(float x) { return x != x ? x : __uint_as_float(round_tf32(x)); }
+// wgmma products (which truncate).
+__device__ __forceinline__ float tf32_rounded(float x) { return __uint_as_float(round_tf32(x)); }
 
 // kSplit3: x = hi + lo exactly (|lo| <= 2^-11 |x|); the mma reads lo's top 19 bits, so lo is
 // truncated by the hardware at no cost (error <= 2^-21 |x|). kTf32: hi only (lo unused).

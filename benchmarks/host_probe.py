@@ -1,0 +1,67 @@
+"""How much of a timed training forward is the host's: each call of the benchmark's workload timed
+as the benchmark times it (L2 flushed, the GPU idle, CUDA events around the call), then again behind
+a GPU sleep that hides the host's work (the GPU span of the call's kernels), with the host time of
+the call itself. Medians of --reps calls, the two timings alternating.
+
+    python3 benchmarks/host_probe.py --impls ours --shapes B2_T16384_H16,B4_T2048_H16
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from flash_kda_train import bench
+
+
+def probe(call, x, config, flush, reps: int) -> dict:
+    for _ in range(3):
+        call(x, config)
+    torch.cuda.synchronize()
+    times = {"timed": [], "gpu_span": [], "host": []}
+    for _ in range(reps):
+        for hidden in (False, True):
+            flush.zero_()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if hidden:
+                torch.cuda._sleep(3_000_000)  # about 1.5 ms on an H200: the call is queued behind it
+            start.record()
+            t0 = time.perf_counter()
+            out = call(x, config)
+            host = time.perf_counter() - t0
+            end.record()
+            torch.cuda.synchronize()
+            times["gpu_span" if hidden else "timed"].append(start.elapsed_time(end))
+            if not hidden:
+                times["host"].append(host * 1e3)
+            del out
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impls", default="ours", help="ours, fla or both, comma-separated")
+    p.add_argument("--shapes", default="B2_T16384_H16,B4_T2048_H16,B1_T8192_H96")
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args()
+    device = torch.device("cuda")
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device=device)
+    config = bench.CONFIGS["default"]
+    calls = {"ours": bench.ours_fn("auto", {})}
+    if "fla" in args.impls:
+        fla, reason = bench.fla_fn()
+        if fla is None:
+            raise SystemExit(reason)
+        calls["fla"] = fla
+    for shape in bench.select_shapes(args.shapes):
+        x, _ = bench.make_inputs(shape, config, device, torch.bfloat16, 128, 0)
+        for impl in args.impls.split(","):
+            r = probe(calls[impl], x, config, flush, args.reps)
+            print(f"{shape.name:16s} {impl:4s} timed {r['timed']:.3f} ms, GPU span {r['gpu_span']:.3f} ms, "
+                  f"host {r['host']:.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
