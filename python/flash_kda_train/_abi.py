@@ -35,6 +35,14 @@ class Config:
     backend: str = "auto"
 
     def options(self) -> _lib.Options:
+        """The C ABI's options (read-only there: one struct per Config, built on first use)."""
+        options = self.__dict__.get("_options")
+        if options is None:
+            options = self._build_options()
+            object.__setattr__(self, "_options", options)  # frozen: not a field, a cache
+        return options
+
+    def _build_options(self) -> _lib.Options:
         if self.backend not in _lib.BACKENDS:
             raise ValueError(f"backend: expected one of {sorted(_lib.BACKENDS)}, got {self.backend!r}")
         return _lib.Options(
@@ -352,6 +360,12 @@ def gold_backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state
 
 
 KNOWN_KWARGS = frozenset({"A_log", "dt_bias", "chunk_size", "transpose_state_layout", "backend"})
+# resolve's Configs by their arguments (and the types of those it checks by type): a call with the
+# options of an earlier one takes its Config, and with it the C options built once (Config.options).
+# Only for a scale and lower bound given as plain numbers (or None): a tensor's value may change.
+_RESOLVED = {}
+_MAX_RESOLVED = 256
+_PLAIN = (type(None), float, int)
 
 
 def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
@@ -373,16 +387,34 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
         warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=4)
         state_v_first = bool(kwargs["transpose_state_layout"])
     chunk_size = kwargs.get("chunk_size", 64)
+    backend = kwargs.get("backend", "auto")
+    key = (head_dim, scale, type(scale), use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+           allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, type(chunk_size),
+           backend) if type(scale) in _PLAIN and type(lower_bound) in _PLAIN else None
+    try:
+        cfg = _RESOLVED.get(key) if key is not None else None
+    except TypeError:  # an argument that is not hashable: resolved anew
+        cfg, key = None, None
+    if cfg is None:
+        cfg = _config(head_dim, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                      allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend)
+        if key is not None and len(_RESOLVED) < _MAX_RESOLVED:
+            _RESOLVED[key] = cfg
+    A_log = kwargs.get("A_log") if use_gate_in_kernel else None
+    dt_bias = kwargs.get("dt_bias") if use_gate_in_kernel else None
+    return cfg, A_log, dt_bias
+
+
+def _config(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend) -> Config:
+    """resolve's Config of these arguments, chunk_size checked."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or \
             not -2**31 <= chunk_size < 2**31:  # the library's option is a 32-bit integer
         raise ValueError(f"chunk_size: expected an integer (32 or 64), got {chunk_size!r}")
     default_scale = head_dim ** -0.5 if head_dim >= 1 else 1.0  # K = 0 is refused by the library
-    cfg = Config(scale=float(scale if scale is not None else default_scale), lower_bound=lower_bound,
-                 chunk_size=int(chunk_size),
-                 use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
-                 use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),
-                 safe_gate=bool(safe_gate), disable_recompute=bool(disable_recompute),
-                 state_v_first=bool(state_v_first), backend=kwargs.get("backend", "auto"))
-    A_log = kwargs.get("A_log") if use_gate_in_kernel else None
-    dt_bias = kwargs.get("dt_bias") if use_gate_in_kernel else None
-    return cfg, A_log, dt_bias
+    return Config(scale=float(scale if scale is not None else default_scale), lower_bound=lower_bound,
+                  chunk_size=int(chunk_size),
+                  use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
+                  use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),
+                  safe_gate=bool(safe_gate), disable_recompute=bool(disable_recompute),
+                  state_v_first=bool(state_v_first), backend=backend)

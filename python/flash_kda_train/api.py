@@ -109,16 +109,16 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
 
 def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state):
-    flags = [cfg.use_qk_l2norm_in_kernel, cfg.use_gate_in_kernel, cfg.use_beta_sigmoid_in_kernel,
-             cfg.allow_neg_eigval, cfg.safe_gate, cfg.disable_recompute, cfg.state_v_first]
-    args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg.scale, cfg.lower_bound,
-            cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
+    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     if torch.compiler.is_compiling():  # the custom op, so the graph holds it without a break
-        o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(*args)
-    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
-        o, final_state = _ops.EagerChunkKda.apply(*args)
+        flags = [cfg.use_qk_l2norm_in_kernel, cfg.use_gate_in_kernel, cfg.use_beta_sigmoid_in_kernel,
+                 cfg.allow_neg_eigval, cfg.safe_gate, cfg.disable_recompute, cfg.state_v_first]
+        o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(
+            *tensors, cfg.scale, cfg.lower_bound, cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:8]):
+        o, final_state = _ops.EagerChunkKda.apply(*tensors, cfg, bool(output_final_state))
     else:  # no gradient to take: no autograd node, and nothing saved for a backward
-        o, final_state, _, _, _ = _core.forward(cfg, _core.Inputs(*args[:10]), output_final_state, for_backward=False)
+        o, final_state, _, _, _ = _core.forward(cfg, _core.Inputs(*tensors), output_final_state, for_backward=False)
     return o, (final_state if output_final_state else None)
 
 

@@ -152,22 +152,23 @@ class EagerChunkKda(torch.autograd.Function):
     backward as the custom op, without the op's per-call dispatch (torch re-reads the 16-argument
     schema to fill defaults before setup_context: about 85 us per forward call on a 2-core VM, about
     as much as the rest of the call's Python), and with the forward's descriptions and plan handed
-    to the backward (``_core.Prepared``). Takes chunk_kda_fwd's arguments; returns (o, final state
-    or empty)."""
+    to the backward (``_core.Prepared``). Takes chunk_kda_fwd's ten tensor arguments, then the
+    resolved ``_core.Config`` and output_final_state (fewer arguments for ``apply`` to unwrap, no
+    Config rebuilt from the op's flags); returns (o, final state or empty)."""
 
     @staticmethod
     def forward(ctx, *args):
-        q, cfg, inputs = args[0], _config(*args[10:14], args[15]), _core.Inputs(*args[:10])
-        o, final_state, _, saved, ctx.prepared = _core.forward(cfg, inputs, output_final_state=args[14])
+        inputs, cfg, output_final_state = _core.Inputs(*args[:10]), args[10], args[11]
+        o, final_state, _, saved, ctx.prepared = _core.forward(cfg, inputs, output_final_state=output_final_state)
         ctx.save_for_backward(*inputs, saved)
         ctx.cfg = cfg
-        return o, _final_state_or_empty(final_state, q)
+        return o, _final_state_or_empty(final_state, inputs.q)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o, d_final_state):
         *inputs, saved = ctx.saved_tensors
         grads = _core.backward(ctx.cfg, _core.Inputs(*inputs), d_o, _absent(d_final_state), saved, ctx.prepared)
-        # One gradient per input of chunk_kda_fwd: q, k, v, g, beta, A_log, dt_bias, initial_state, then
-        # None for cu_seqlens, cu_seqlens_cpu and the six options.
-        return tuple(grads) + (None,) * 8
+        # One gradient per argument: q, k, v, g, beta, A_log, dt_bias, initial_state, then None for
+        # cu_seqlens, cu_seqlens_cpu, the Config and output_final_state.
+        return tuple(grads) + (None,) * 4

@@ -54,13 +54,35 @@ def test_eager_function_matches_the_custom_op(device):
     torch.manual_seed(1)
     do, dht = torch.randn_like(x["v"]).to(device), torch.randn_like(x["initial_state"]).to(device)
     results = []
-    for call in (ops.EagerChunkKda.apply, lambda *a: torch.ops.flash_kda_train.chunk_kda_fwd(*a)[:2]):
+    # EagerChunkKda takes the op's ten tensors, then the Config its options make and output_final_state.
+    eager = lambda *a: ops.EagerChunkKda.apply(*a[:10], ops._config(*a[10:14], a[15]), a[14])  # noqa: E731
+    for call in (eager, lambda *a: torch.ops.flash_kda_train.chunk_kda_fwd(*a)[:2]):
         leaves = {n: t.detach().to(device).requires_grad_() for n, t in x.items() if t is not None}
         o, ht = call(*op_args(leaves, scale=0.25, l2norm=True, gate=True))
         torch.autograd.backward([o, ht], [do, dht])
         results.append([o, ht] + [leaves[n].grad for n in sorted(leaves)])
     for eager, op in zip(*results):
         assert torch.equal(eager, op)
+
+
+def test_resolved_options_are_shared_only_by_the_same_arguments():
+    """chunk_kda's options resolve to one Config (and one C options struct) per set of arguments; other
+    arguments, or the same values of other types that the checks tell apart, resolve anew."""
+    from flash_kda_train import _abi
+
+    def resolve(scale=None, lower_bound=-5.0, **kwargs):
+        return _abi.resolve(16, scale, False, True, False, False, True, lower_bound, False, False, kwargs)[0]
+
+    first = resolve(chunk_size=32)
+    assert resolve(chunk_size=32) is first and resolve(chunk_size=32).options() is first.options()
+    assert first.chunk_size == 32 and first.lower_bound == -5.0 and first.scale == 16 ** -0.5
+    other = resolve(scale=0.5, chunk_size=32)
+    assert other is not first and other.scale == 0.5 and other.options().scale == 0.5
+    assert resolve(chunk_size=1).chunk_size == 1  # the library refuses it, by value
+    with pytest.raises(ValueError, match="chunk_size: expected an integer"):
+        resolve(chunk_size=True)  # equal to 1 as a key, but a bool
+    tensor_scale = torch.tensor(0.25)
+    assert resolve(scale=tensor_scale) is not resolve(scale=tensor_scale)  # a tensor's value may change
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
