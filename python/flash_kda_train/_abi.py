@@ -360,12 +360,12 @@ def gold_backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state
 
 
 KNOWN_KWARGS = frozenset({"A_log", "dt_bias", "chunk_size", "transpose_state_layout", "backend"})
-# resolve's Configs by their arguments (and the types of those it checks by type): a call with the
+# resolve's Configs by their arguments (and chunk_size's type, which it checks): a call with the
 # options of an earlier one takes its Config, and with it the C options built once (Config.options).
-# Only for a scale and lower bound given as plain numbers (or None): a tensor's value may change.
+# Only for arguments of plain types (None, bool, int, float, str): a tensor's value may change.
 _RESOLVED = {}
 _MAX_RESOLVED = 256
-_PLAIN = (type(None), float, int)
+_PLAIN = frozenset((type(None), bool, int, float, str))
 
 
 def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
@@ -388,13 +388,10 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
         state_v_first = bool(kwargs["transpose_state_layout"])
     chunk_size = kwargs.get("chunk_size", 64)
     backend = kwargs.get("backend", "auto")
-    key = (head_dim, scale, type(scale), use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-           allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, type(chunk_size),
-           backend) if type(scale) in _PLAIN and type(lower_bound) in _PLAIN else None
-    try:
-        cfg = _RESOLVED.get(key) if key is not None else None
-    except TypeError:  # an argument that is not hashable: resolved anew
-        cfg, key = None, None
+    args = (head_dim, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend)
+    key = (args, type(chunk_size)) if _PLAIN.issuperset(map(type, args)) else None
+    cfg = _RESOLVED.get(key) if key is not None else None
     if cfg is None:
         cfg = _config(head_dim, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                       allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend)
