@@ -1,9 +1,9 @@
 """Framework-free calls into the C ABI: options, plan, output allocation and the call itself.
 
 Each framework adapter (``_core`` for PyTorch, ``paddle`` for PaddlePaddle) supplies a
-``Framework``: how to describe one of its tensors, read its shape and dtype, allocate an empty
-tensor next to another one, and find the stream to launch on. No math here and no framework
-import: every computation happens in libflash_kda_train.
+``Framework``: how to export one of its tensors through DLPack, read its shape and dtype,
+allocate an empty tensor next to another one, and find the stream to launch on. No math here and
+no framework import: every computation happens in libflash_kda_train.
 """
 
 from __future__ import annotations
@@ -76,29 +76,16 @@ class Inputs(NamedTuple):
     cu_seqlens_cpu: Any = None
 
 
-class Prepared(NamedTuple):
-    """What a backward takes over from its forward's call when its inputs are described the same
-    (they are, unless a saved-tensor hook or a copy gave other tensors): the inputs' descriptions,
-    the options and the plan. It references no tensor. Saves the backward describing and planning
-    again on the autograd thread, before its first launch."""
-
-    config: Config
-    described: Block
-    options: _lib.Options
-    sizes: _lib.Sizes
-
-
 class ForwardResult(NamedTuple):
     """What the forward returns. ``saved`` is what the backward reads: the workspace, instead of
     recomputing (``disable_recompute`` on the CUDA backend), or what the forward kept for a
     recomputing backward (``fkt_sizes.saved_bytes``, CUDA: the states entering its time segments, the
-    chunks' T and P), else None; ``prepared`` goes to the backward of the same inputs."""
+    chunks' T and P), else None."""
 
     o: Any
     final_state: Optional[Any]
     intermediate_states: Optional[Any]
     saved: Optional[Any]
-    prepared: Prepared
 
 
 class Grads(NamedTuple):
@@ -117,9 +104,17 @@ class Grads(NamedTuple):
 class Framework:
     """What the calls below need from a tensor framework (subclassed by each adapter)."""
 
-    def describe(self, t):
-        """The ``_tensors.Fields`` of tensor ``t`` (data pointer, device, dtype, shape, strides)."""
+    def to_dlpack(self, t):
+        """A DLPack capsule of tensor ``t`` (an unversioned, unconsumed DLManagedTensor named
+        "dltensor"), sharing its memory; may raise anything for a tensor it cannot export."""
         raise NotImplementedError
+
+    def not_exported(self, t, error: Exception) -> str:
+        """Why ``to_dlpack(t)`` raised ``error``, said to a caller who passed ``t``."""
+        raise NotImplementedError
+
+    def data_ptr(self, t) -> int:
+        return t.data_ptr()
 
     def shape(self, t) -> Sequence[int]:
         raise NotImplementedError
@@ -172,44 +167,29 @@ def host_offsets(fw: Framework, cu_seqlens, cu_seqlens_cpu):
     return fw.to_host(cu_seqlens)
 
 
-def _describe(fw: Framework, t, name: str):
-    """fw.describe(t), None for None; its error names the argument."""
-    if t is None:
-        return None
-    try:
-        return fw.describe(t)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
-
-
-def _describes(fw: Framework, block: Block, tensors: Sequence[Any]) -> bool:
-    """Whether ``block`` holds the descriptions of ``tensors`` as they are now."""
-    describe = fw.describe
-    return all(f is None if t is None else f is not None and describe(t) == f for t, f in zip(tensors, block.fields))
-
-
 def describe_all(fw: Framework, names: Sequence[str], tensors: Sequence[Any]) -> Block:
-    """The tensors (None where absent) described in one block, in the order of ``names``."""
-    describe = fw.describe
+    """The tensors (None where absent) described in one block, in the order of ``names``; a tensor
+    that cannot be described raises a ValueError naming its argument."""
+    to_dlpack = fw.to_dlpack
     try:
-        return Block([None if t is None else describe(t) for t in tensors])
-    except ValueError:
+        return Block([None if t is None else to_dlpack(t) for t in tensors])
+    except Exception:  # a framework's exporter raises BufferError, RuntimeError, TypeError, ...
         for name, t in zip(names, tensors):
-            _describe(fw, t, name)  # raises again, naming the argument
+            try:
+                if t is not None:
+                    to_dlpack(t)
+            except Exception as e:
+                raise ValueError(f"{name}: {fw.not_exported(t, e)}") from None
         raise
 
 
 class Call:
-    """Described inputs and options of one library call (``described.address`` is its fkt_inputs),
-    taken over from ``prepared`` when it describes the same inputs with the same options."""
+    """Described inputs and options of one library call (``described.address`` is its fkt_inputs)."""
 
-    def __init__(self, fw: Framework, cfg: Config, inputs: Inputs, prepared: Optional[Prepared] = None):
+    def __init__(self, fw: Framework, cfg: Config, inputs: Inputs):
         self.fw = fw
         self.cfg = cfg
         self.inputs = inputs
-        if prepared is not None and prepared.config == cfg and _describes(fw, prepared.described, inputs):
-            self.options, self.described, self._sizes = prepared.options, prepared.described, prepared.sizes
-            return
         self.options = cfg.options()
         self.described = describe_all(fw, _lib.INPUT_NAMES, inputs)
         self._sizes = None
@@ -221,9 +201,6 @@ class Call:
                                                ctypes.byref(sizes)))
             self._sizes = sizes
         return self._sizes
-
-    def prepared(self) -> Prepared:
-        return Prepared(self.cfg, self.described, self.options, self.sizes())
 
     def buffer(self, nbytes: int):
         return self.fw.empty((nbytes,), "uint8", self.inputs.q) if nbytes else None
@@ -267,9 +244,9 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
     outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace, saved))
     _lib.check(_lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream()))
     if not sizes.backward_reads_forward_workspace:
-        return ForwardResult(o, final_state, h, saved, call.prepared())
-    _USED_WORKSPACES.discard(outs.fields[_lib.FORWARD_OUTPUT_NAMES.index("workspace")].data)
-    return ForwardResult(o, final_state, h, workspace, call.prepared())
+        return ForwardResult(o, final_state, h, saved)
+    _USED_WORKSPACES.discard(fw.data_ptr(workspace))
+    return ForwardResult(o, final_state, h, workspace)
 
 
 def _like(fw: Framework, t, dtype: Optional[str] = None):
@@ -300,18 +277,16 @@ WORKSPACE_USED = ("disable_recompute=True: a backward already ran on this forwar
                   "to run several (for example with retain_graph=True)")
 
 
-def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None,
-             prepared: Optional[Prepared] = None) -> Grads:
+def backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state, saved=None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved`` is the
-    forward's ``ForwardResult.saved`` (a kept workspace serves one backward), ``prepared`` its
-    ``ForwardResult.prepared`` (or None)."""
-    call = Call(fw, cfg, inputs, prepared)
+    forward's ``ForwardResult.saved`` (a kept workspace serves one backward)."""
+    call = Call(fw, cfg, inputs)
     sizes = call.sizes()
     if sizes.backward_reads_forward_workspace:
         if saved is None:
             raise ValueError("disable_recompute: the CUDA backward reads the forward's intermediates; pass the "
                              "forward's saved workspace (ForwardResult.saved)")
-        address = fw.describe(saved).data
+        address = fw.data_ptr(saved)
         if address in _USED_WORKSPACES:
             raise RuntimeError(WORKSPACE_USED)
         workspace, kept = saved, None

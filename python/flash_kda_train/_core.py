@@ -10,17 +10,24 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from . import _abi
-from ._abi import Config, ForwardResult, Grads, Inputs, Prepared  # noqa: F401  (re-exported: the torch layer's names)
-from ._tensors import describe_torch
+from ._abi import Config, ForwardResult, Grads, Inputs  # noqa: F401  (re-exported: the torch layer's names)
 
 
 _DTYPE_NAMES = {}  # torch.dtype -> its name without "torch."
 
 
 class _Torch(_abi.Framework):
-    describe = staticmethod(describe_torch)
+    to_dlpack = staticmethod(to_dlpack)
+
+    def not_exported(self, t, error: Exception) -> str:
+        if not isinstance(t, torch.Tensor):
+            return f"expected a torch.Tensor, got {type(t).__name__}"
+        if t.device.type not in ("cpu", "cuda"):
+            return f"expected a CPU or CUDA tensor, got one on {t.device}"
+        return f"torch cannot export it through DLPack ({type(error).__name__}: {error})"
 
     def shape(self, t):
         return tuple(t.shape)
@@ -81,11 +88,11 @@ def forward(cfg: Config, inputs: Inputs, output_final_state: bool, return_interm
 
 
 def backward(cfg: Config, inputs: Inputs, d_o: torch.Tensor, d_final_state: Optional[torch.Tensor],
-             saved: Optional[torch.Tensor] = None, prepared: Optional[Prepared] = None) -> Grads:
+             saved: Optional[torch.Tensor] = None) -> Grads:
     """Runs the backward; returns every gradient of the differentiable inputs. ``saved``: what the
     forward kept for it (``forward(...).saved``: a ``disable_recompute`` workspace, or T, P and the
-    time segments' states), else None; ``prepared``: ``forward(...).prepared``, or None."""
-    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved, prepared)
+    time segments' states), else None."""
+    return _abi.backward(TORCH, cfg, readable(inputs), _readable(d_o), _readable(d_final_state), saved)
 
 
 def gold_forward(cfg: Config, inputs: Inputs, output_final_state: bool = True):

@@ -34,8 +34,8 @@ class Options(ctypes.Structure):
     ]
 
 
-# The tensor arguments of a call are described in one buffer (``_tensors.Block``) whose leading
-# table of fkt_tensor pointers, in these orders, is the ABI's fkt_inputs, fkt_forward_outputs and
+# The tensor arguments of a call are described by one ``_tensors.Block``, whose table of fkt_tensor
+# (DLTensor) pointers, in these orders, is the ABI's fkt_inputs, fkt_forward_outputs and
 # fkt_backward_io; they and single tensors are passed by address (c_void_p).
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu")
 FORWARD_OUTPUT_NAMES = ("o", "final_state", "intermediate_states", "workspace", "saved")

@@ -102,8 +102,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        o, final_state, h, _, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True,
-                                                for_backward=False)
+        o, final_state, h, _ = _core.forward(cfg, inputs, output_final_state, return_intermediate_states=True,
+                                             for_backward=False)
         return o, final_state, h
     return _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state)
 
@@ -118,7 +118,7 @@ def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seq
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:8]):
         o, final_state = _ops.EagerChunkKda.apply(*tensors, cfg, bool(output_final_state))
     else:  # no gradient to take: no autograd node, and nothing saved for a backward
-        o, final_state, _, _, _ = _core.forward(cfg, _core.Inputs(*tensors), output_final_state, for_backward=False)
+        o, final_state, _, _ = _core.forward(cfg, _core.Inputs(*tensors), output_final_state, for_backward=False)
     return o, (final_state if output_final_state else None)
 
 
@@ -142,7 +142,6 @@ class Context:
     inputs: _core.Inputs
     output_final_state: bool
     saved: Optional[torch.Tensor]
-    prepared: _core.Prepared  # the forward's descriptions and plan, taken over by the backward
     versions: tuple  # each input's version counter at the forward (None for absent inputs)
 
 
@@ -163,8 +162,8 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     with torch.no_grad():
         inputs = _core.Inputs(*(t.detach() if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
-        o, final_state, _, saved, prepared = _core.forward(cfg, inputs, output_final_state)
-    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved, prepared, _versions(inputs))
+        o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
+    return o, final_state, Context(cfg, inputs, bool(output_final_state), saved, _versions(inputs))
 
 
 def _versions(inputs: _core.Inputs) -> tuple:
@@ -184,4 +183,4 @@ def backward(context: Context, do: torch.Tensor, dht: Optional[torch.Tensor] = N
     _abi.check_unmodified(context.inputs, context.versions, _versions(context.inputs))
     with torch.no_grad():
         return _core.backward(context.config, context.inputs, do.detach(),
-                              dht.detach() if dht is not None else None, context.saved, context.prepared)
+                              dht.detach() if dht is not None else None, context.saved)

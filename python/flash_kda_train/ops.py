@@ -69,7 +69,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Op
     on CUDA, else what the forward saved for it). The body of the custom op chunk_kda_fwd."""
     cfg = _config(scale, lower_bound, chunk_size, flags, backend)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-    o, final_state, _, saved, _ = _core.forward(cfg, inputs, output_final_state)
+    o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
     return o, _final_state_or_empty(final_state, q), _saved_or_empty(saved, q)
 
 
@@ -151,15 +151,14 @@ class EagerChunkKda(torch.autograd.Function):
     """chunk_kda_fwd with its autograd, outside torch.compile: the same forward, saved tensors and
     backward as the custom op, without the op's per-call dispatch (torch re-reads the 16-argument
     schema to fill defaults before setup_context: about 85 us per forward call on a 2-core VM, about
-    as much as the rest of the call's Python), and with the forward's descriptions and plan handed
-    to the backward (``_core.Prepared``). Takes chunk_kda_fwd's ten tensor arguments, then the
+    as much as the rest of the call's Python). Takes chunk_kda_fwd's ten tensor arguments, then the
     resolved ``_core.Config`` and output_final_state (fewer arguments for ``apply`` to unwrap, no
     Config rebuilt from the op's flags); returns (o, final state or empty)."""
 
     @staticmethod
     def forward(ctx, *args):
         inputs, cfg, output_final_state = _core.Inputs(*args[:10]), args[10], args[11]
-        o, final_state, _, saved, ctx.prepared = _core.forward(cfg, inputs, output_final_state=output_final_state)
+        o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state=output_final_state)
         ctx.save_for_backward(*inputs, saved)
         ctx.cfg = cfg
         return o, _final_state_or_empty(final_state, inputs.q)
@@ -168,7 +167,7 @@ class EagerChunkKda(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o, d_final_state):
         *inputs, saved = ctx.saved_tensors
-        grads = _core.backward(ctx.cfg, _core.Inputs(*inputs), d_o, _absent(d_final_state), saved, ctx.prepared)
+        grads = _core.backward(ctx.cfg, _core.Inputs(*inputs), d_o, _absent(d_final_state), saved)
         # One gradient per argument: q, k, v, g, beta, A_log, dt_bias, initial_state, then None for
         # cu_seqlens, cu_seqlens_cpu, the Config and output_final_state.
         return tuple(grads) + (None,) * 4

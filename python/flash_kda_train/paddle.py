@@ -9,8 +9,7 @@
 
 Same signature, defaults, return values and gradients as ``flash_kda_train.chunk_kda`` (FLA's
 ``chunk_kda``). Needs paddle only, not torch. Paddle tensors are described to the library in
-place (data pointer, place, dtype, shape, row-major strides); non-contiguous inputs are made
-contiguous first. ``return_intermediate_states`` is served with gradients disabled
+place (Paddle's DLPack export); non-contiguous inputs are made contiguous first. ``return_intermediate_states`` is served with gradients disabled
 (``paddle.no_grad()``), Paddle's counterpart of ``torch.inference_mode()``. Not supported:
 ``cp_context``.
 """
@@ -21,16 +20,30 @@ import ctypes
 
 import paddle
 from paddle.autograd import PyLayer
+from paddle.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _abi
-from ._tensors import describe_paddle
 
 __all__ = ["chunk_kda", "forward", "backward"]
 
 
 class _Paddle(_abi.Framework):
-    def describe(self, t):
-        return describe_paddle(t)
+    @staticmethod
+    def to_dlpack(t):
+        # A view may sit at an offset into its allocation: only contiguous tensors, which the
+        # adapter's callers make, are exported.
+        if not t.is_contiguous():
+            raise ValueError("expected a contiguous paddle tensor (call .contiguous() first)")
+        return _to_dlpack(t)
+
+    def not_exported(self, t, error: Exception) -> str:
+        if isinstance(error, ValueError):
+            return str(error)
+        if not isinstance(t, paddle.Tensor):
+            return f"expected a paddle.Tensor, got {type(t).__name__}"
+        if not (t.place.is_cpu_place() or t.place.is_gpu_place()):
+            return f"expected a CPU or GPU paddle tensor, got one on {t.place}"
+        return f"paddle cannot export it through DLPack ({type(error).__name__}: {error})"
 
     def shape(self, t):
         return tuple(int(n) for n in t.shape)
@@ -69,7 +82,7 @@ class _ChunkKDA(PyLayer):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, cfg,
                 output_final_state):
         inputs = _abi.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-        o, final_state, _, saved, ctx.prepared = _abi.forward(PADDLE, cfg, inputs, output_final_state)
+        o, final_state, _, saved = _abi.forward(PADDLE, cfg, inputs, output_final_state)
         ctx.save_for_backward(*inputs)
         ctx.saved = saved  # the forward's workspace when the backward reads it (disable_recompute on CUDA)
         # Paddle wants None (not a tensor) for every input that does not require a gradient.
@@ -87,8 +100,7 @@ class _ChunkKDA(PyLayer):
         if d_o is None:
             d_o = paddle.zeros_like(inputs.v, dtype=inputs.q.dtype)
         d_final_state = grad_outputs[1] if ctx.output_final_state and len(grad_outputs) > 1 else None
-        grads = _abi.backward(PADDLE, ctx.cfg, inputs, _contiguous(d_o), _contiguous(d_final_state), ctx.saved,
-                              ctx.prepared)
+        grads = _abi.backward(PADDLE, ctx.cfg, inputs, _contiguous(d_o), _contiguous(d_final_state), ctx.saved)
         by_input = dict(q=grads.dq, k=grads.dk, v=grads.dv, g=grads.dg, beta=grads.dbeta, A_log=grads.dA_log,
                         dt_bias=grads.ddt_bias, initial_state=grads.dh0)
         # PyLayer wants one gradient (or None) per tensor input, absent inputs skipped.
@@ -130,13 +142,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             raise ValueError("return_intermediate_states: only available with gradients disabled (paddle.no_grad())")
         if disable_recompute:
             raise ValueError("return_intermediate_states: cannot be combined with disable_recompute=True")
-        o, final_state, h, _, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
-                                               return_intermediate_states=True, for_backward=False)
+        o, final_state, h, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
+                                            return_intermediate_states=True, for_backward=False)
         return o, final_state, h
     if not (paddle.is_grad_enabled() and any(t is not None and not t.stop_gradient for t in tensors[:8])):
         # No gradient to take: no PyLayer node, and nothing saved for a backward.
-        o, final_state, _, _, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
-                                               for_backward=False)
+        o, final_state, _, _ = _abi.forward(PADDLE, cfg, _abi.Inputs(*tensors), output_final_state,
+                                            for_backward=False)
         return o, final_state
     o, final_state = _ChunkKDA.apply(*tensors, cfg, bool(output_final_state))
     return o, (final_state if output_final_state else None)
@@ -157,8 +169,8 @@ def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state
     with paddle.no_grad():
         inputs = _abi.Inputs(*(_contiguous(t.detach()) if t is not None else None for t in (
             q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)))
-        o, final_state, _, saved, prepared = _abi.forward(PADDLE, cfg, inputs, output_final_state)
-    return o, final_state, (cfg, inputs, saved, prepared, _versions(inputs))
+        o, final_state, _, saved = _abi.forward(PADDLE, cfg, inputs, output_final_state)
+    return o, final_state, (cfg, inputs, saved, _versions(inputs))
 
 
 def _versions(inputs: _abi.Inputs) -> tuple:
@@ -171,8 +183,8 @@ def backward(context, do, dht=None) -> _abi.Grads:
     """Gradients of ``forward``'s inputs given ``do`` (and ``dht`` for the final state, or None):
     a ``Grads`` named tuple (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0; None where absent).
     Raises RuntimeError when an input was modified in place since ``forward``."""
-    cfg, inputs, saved, prepared, versions = context
+    cfg, inputs, saved, versions = context
     _abi.check_unmodified(inputs, versions, _versions(inputs))
     with paddle.no_grad():
         return _abi.backward(PADDLE, cfg, inputs, _contiguous(do.detach()),
-                             _contiguous(dht.detach()) if dht is not None else None, saved, prepared)
+                             _contiguous(dht.detach()) if dht is not None else None, saved)
