@@ -15,29 +15,29 @@ import torch
 from flash_kda_train import bench
 
 
-def probe(call, x, config, flush, reps: int) -> dict:
+def _sleep():
+    torch.cuda._sleep(3_000_000)  # about 1.5 ms on an H200: the call is queued behind it
+
+
+def probe(device: bench.Device, call, x, config, reps: int) -> dict:
     for _ in range(3):
         call(x, config)
-    torch.cuda.synchronize()
-    times = {"timed": [], "gpu_span": [], "host": []}
+    device.sync()
+    host = []
+
+    def run():
+        t0 = time.perf_counter()
+        out = call(x, config)
+        host.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    timed, gpu_span = [], []
     for _ in range(reps):
-        for hidden in (False, True):
-            flush.zero_()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if hidden:
-                torch.cuda._sleep(3_000_000)  # about 1.5 ms on an H200: the call is queued behind it
-            start.record()
-            t0 = time.perf_counter()
-            out = call(x, config)
-            host = time.perf_counter() - t0
-            end.record()
-            torch.cuda.synchronize()
-            times["gpu_span" if hidden else "timed"].append(start.elapsed_time(end))
-            if not hidden:
-                times["host"].append(host * 1e3)
-            del out
-    return {name: statistics.median(ts) for name, ts in times.items()}
+        timed += device.time_ms(run, 1)
+        gpu_span += device.time_ms(run, 1, queue_first=_sleep)
+    host = host[0::2]  # the calls timed with the GPU idle
+    return {"timed": statistics.median(timed), "gpu_span": statistics.median(gpu_span),
+            "host": statistics.median(host)}
 
 
 def main():
@@ -46,8 +46,7 @@ def main():
     p.add_argument("--shapes", default="B2_T16384_H16,B4_T2048_H16,B1_T8192_H96")
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
-    device = torch.device("cuda")
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device=device)
+    device = bench.Device(torch.device("cuda"), 512)
     config = bench.CONFIGS["default"]
     calls = {"ours": bench.ours_fn("auto", {})}
     if "fla" in args.impls:
@@ -56,9 +55,9 @@ def main():
             raise SystemExit(reason)
         calls["fla"] = fla
     for shape in bench.select_shapes(args.shapes):
-        x, _ = bench.make_inputs(shape, config, device, torch.bfloat16, 128, 0)
+        x, _ = bench.make_inputs(shape, config, device.device, torch.bfloat16, 128, 0)
         for impl in args.impls.split(","):
-            r = probe(calls[impl], x, config, flush, args.reps)
+            r = probe(device, calls[impl], x, config, args.reps)
             print(f"{shape.name:16s} {impl:4s} timed {r['timed']:.3f} ms, GPU span {r['gpu_span']:.3f} ms, "
                   f"host {r['host']:.3f} ms", flush=True)
 

@@ -293,8 +293,10 @@ class Device:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def time_ms(self, run: Callable, reps: int) -> List[float]:
-        """One time per repetition: L2 flushed and the GPU idle before each, then the whole call."""
+    def time_ms(self, run: Callable, reps: int, queue_first: Optional[Callable] = None) -> List[float]:
+        """One time per repetition: L2 flushed and the GPU idle before each, then the whole call.
+        ``queue_first`` (CUDA) enqueues work after the flush and before the start event, which then
+        records when that work ends (``benchmarks/host_probe.py``: a sleep that hides the host)."""
         if not self.cuda:
             times = []
             for _ in range(reps):
@@ -309,6 +311,8 @@ class Device:
                 self.flush.zero_()
             torch.cuda.synchronize(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if queue_first is not None:
+                queue_first()
             start.record()
             out = run()
             end.record()
