@@ -191,6 +191,10 @@ void rebased_offsets(const Problem& p, int64_t first, int64_t count, int64_t* ou
 void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
 // F1 to F4, and F5 when params.o is set (the backward recomputes without it), on `stream`.
 void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream);
+// F4 on wgmma's arguments for p (forward/fwd_state_wgmma.cuh): the tensor maps of the workspace rows
+// it reads (bf16 operands, fp32 U), in boxes of one chunk's tokens.
+struct FwdStateWgmmaParams;
+FwdStateWgmmaParams fwd_state_wgmma_params(const Problem& p, const ForwardParams& params);
 
 // The state passes (fwd_state, bwd_state and their wgmma passes): one block per (sequence, value head,
 // V-tile of `tile` columns), x = sequence * tiles + tile.

@@ -18,7 +18,8 @@ struct StatePassesParams {
   BwdStateWgmmaParams backward;
 };
 
-// The larger of the two passes' shared memory, which every block asks for.
+// The larger of the two passes' shared memory: the least that each block needs (the launch asks
+// for all that a block may have, so that each block has an SM to itself).
 inline constexpr int kStatePassesBytes =
     std::max(FwdStateWgmmaLayout<false>::launch_bytes, BwdStateWgmmaLayout::launch_bytes);
 

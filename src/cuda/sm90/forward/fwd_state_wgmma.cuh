@@ -262,10 +262,6 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
   if (p.final_state != nullptr) store_state(p.final_state);
 }
 
-// The pass's arguments for p (host, forward/launch.cu): the tensor maps of the workspace rows it
-// reads (bf16 operands, fp32 U), in boxes of one chunk's tokens.
-FwdStateWgmmaParams fwd_state_wgmma_params(const Problem& p, const ForwardParams& params);
-
 template <typename Stored>
 __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::kThreads, 2)
     fwd_state_wgmma_kernel(const __grid_constant__ FwdStateWgmmaParams params) {
