@@ -9,9 +9,9 @@
 
 Same signature, defaults, return values and gradients as ``flash_kda_train.chunk_kda`` (FLA's
 ``chunk_kda``). Needs paddle only, not torch. Paddle tensors are described to the library in
-place (Paddle's DLPack export); non-contiguous inputs are made contiguous first. ``return_intermediate_states`` is served with gradients disabled
-(``paddle.no_grad()``), Paddle's counterpart of ``torch.inference_mode()``. Not supported:
-``cp_context``.
+place (Paddle's DLPack export); non-contiguous inputs are made contiguous first.
+``return_intermediate_states`` is served with gradients disabled (``paddle.no_grad()``), Paddle's
+counterpart of ``torch.inference_mode()``. Not supported: ``cp_context``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ torch cannot be imported (which proves the Paddle path needs no torch).
 Each case names its tensors (stored in INPUTS.npz as float32/int64 arrays of exactly
 representable values), their dtype and whether they require a gradient, the keyword arguments of
 the call, and the upstream gradients. RESULTS.npz gets, per case, the outputs and the gradients
-as float32 (or int64) arrays, keyed "CASE/NAME".
+as float32 (or int64) arrays, keyed "CASE/NAME"; "meta/..." keys hold what the worker checks of
+the adapter itself.
 """
 
 import json
@@ -18,7 +19,8 @@ import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
 import flash_kda_train  # noqa: E402
-from flash_kda_train.paddle import backward, chunk_kda, forward  # noqa: E402
+from flash_kda_train import _abi  # noqa: E402
+from flash_kda_train.paddle import PADDLE, backward, chunk_kda, forward  # noqa: E402
 
 ORDER = ("q", "k", "v", "g", "beta")
 
@@ -97,6 +99,19 @@ def run_case(case, arrays, results):
             results[f"{name}/{key}"] = as_numpy(value)
 
 
+def describing_errors():
+    """The messages of describing tensors the adapter refuses (None where one is not refused)."""
+    strided = paddle.ones([2, 3, 4]).transpose([0, 2, 1])
+    messages = {}
+    for key, tensors in (("noncontiguous", (paddle.ones([2]), strided)), ("not_a_tensor", ([1.0], None))):
+        try:
+            _abi.describe_all(PADDLE, ("q", "k"), tensors)
+            messages[key] = None
+        except ValueError as e:
+            messages[key] = str(e)
+    return messages
+
+
 def main():
     cases_path, inputs_path, results_path = sys.argv[1:]
     with open(cases_path) as f:
@@ -104,6 +119,8 @@ def main():
     arrays = dict(np.load(inputs_path))
     results = {"meta/torch_absent": np.array("chunk_kda" not in flash_kda_train.__all__ and
                                              sys.modules.get("torch") is None)}
+    for key, message in describing_errors().items():
+        results[f"meta/error_{key}"] = np.array(str(message))
     for case in cases:
         run_case(case, arrays, results)
     np.savez(results_path, **results)

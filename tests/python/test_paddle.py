@@ -165,6 +165,12 @@ def test_paddle_path_imports_no_torch(paddle_results):
     assert paddle_results["meta/torch_absent"].item() is True
 
 
+def test_paddle_describing_names_the_argument_and_what_is_wrong(paddle_results):
+    assert paddle_results["meta/error_noncontiguous"].item() == (
+        "k: expected a contiguous paddle tensor (call .contiguous() first)")
+    assert paddle_results["meta/error_not_a_tensor"].item() == "q: expected a paddle.Tensor, got list"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_paddle_equals_torch(case, paddle_results):
     ours = {k.split("/", 1)[1]: v for k, v in paddle_results.items() if k.startswith(case["name"] + "/")}
