@@ -117,6 +117,26 @@ def test_backward_describes_and_plans_the_tensors_it_is_given(device, monkeypatc
         assert torch.equal(a, b)
 
 
+def test_forward_keeps_its_inputs_only_as_saved_tensors():
+    """What a forward leaves for its backward references its inputs only through the saved tensors:
+    with a saved-tensor hook that saves copies, an input the caller drops is freed."""
+    import gc
+    import weakref
+
+    x = make_inputs(HV=4, gate_in_kernel=True, requires_grad=False)
+    leaves = {n: t.detach().requires_grad_() for n, t in x.items() if t is not None}
+    q = leaves["q"] * 1.0  # not a leaf: only the op and the caller hold it
+    alive = weakref.ref(q)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        o, ht = fkt.chunk_kda(q, *args(leaves)[1:], initial_state=leaves["initial_state"], output_final_state=True,
+                              use_gate_in_kernel=True, A_log=leaves["A_log"], dt_bias=leaves["dt_bias"])
+    del q
+    gc.collect()
+    assert alive() is None
+    (o.float().sum() + ht.sum()).backward()
+    assert leaves["q"].grad is not None and torch.isfinite(leaves["q"].grad).all()
+
+
 def test_defaults_and_return_values_follow_fla():
     x = make_inputs(requires_grad=False, state=False)
     o, ht = fkt.chunk_kda(*args(x))

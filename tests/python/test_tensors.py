@@ -7,7 +7,6 @@ import gc
 
 import pytest
 import torch
-
 from torch.utils.dlpack import to_dlpack
 
 from flash_kda_train import _lib
