@@ -188,7 +188,6 @@ class Call:
 
     def __init__(self, fw: Framework, cfg: Config, inputs: Inputs):
         self.fw = fw
-        self.cfg = cfg
         self.inputs = inputs
         self.options = cfg.options()
         self.described = describe_all(fw, _lib.INPUT_NAMES, inputs)

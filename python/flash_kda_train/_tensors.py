@@ -4,7 +4,7 @@ The ABI's fkt_tensor is DLPack's DLTensor, so a tensor is described by exporting
 framework's own DLPack exporter: the capsule holds a DLManagedTensor whose first member is the
 DLTensor. A call's tensors go in one ``Block``: the table of their DLTensor addresses (NULL where
 absent) that the ABI's fkt_inputs, fkt_forward_outputs and fkt_backward_io are. One export and one
-capsule read a tensor, where packing the same fields from Python took three times as long.
+capsule read a tensor, where packing the same fields from Python took twice as long.
 """
 
 from __future__ import annotations
