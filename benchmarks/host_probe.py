@@ -23,19 +23,18 @@ def probe(device: bench.Device, call, x, config, reps: int) -> dict:
     for _ in range(3):
         call(x, config)
     device.sync()
-    host = []
+    host = []  # of the calls timed with the GPU idle
 
-    def run():
+    def run(hosts: list):
         t0 = time.perf_counter()
         out = call(x, config)
-        host.append((time.perf_counter() - t0) * 1e3)
+        hosts.append((time.perf_counter() - t0) * 1e3)
         return out
 
     timed, gpu_span = [], []
     for _ in range(reps):
-        timed += device.time_ms(run, 1)
-        gpu_span += device.time_ms(run, 1, queue_first=_sleep)
-    host = host[0::2]  # the calls timed with the GPU idle
+        timed += device.time_ms(lambda: run(host), 1)
+        gpu_span += device.time_ms(lambda: run([]), 1, queue_first=_sleep)
     return {"timed": statistics.median(timed), "gpu_span": statistics.median(gpu_span),
             "host": statistics.median(host)}
 

@@ -396,10 +396,11 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
 SEQUENCE_GROUP_LENGTHS = [1, 0, 129, 500, 0, 130, 470, 64, 300, 300]
 
 
-def sequence_group_value_heads():
-    """Value heads at which each sequence alone gives the state passes a block per SM (4 V-tiles of
-    32 columns x HV >= the SM count), so that every group does."""
-    return 8 * -(-torch.cuda.get_device_properties(0).multi_processor_count // 32)
+def sequence_group_value_heads(V=128):
+    """Value heads, a multiple of 8, at which each sequence alone gives the state passes a block per SM
+    (V-tiles of 32 columns x HV >= the SM count), so that every group does."""
+    tiles = -(-V // 32)
+    return 8 * -(-torch.cuda.get_device_properties(0).multi_processor_count // (8 * tiles))
 
 
 def sequence_group_offsets():
@@ -429,30 +430,33 @@ def largest_group_share(lengths, chunk=64, most=3):
 
 
 # (dtype, query/key heads per value head, l2norm, beta logits, chunk size, offsets dtype,
-# state_v_first): sequence groups of varlen inputs (cuda/sm90/sequence_groups.hpp) of
-# SEQUENCE_GROUP_LENGTHS; bf16 on the wgmma passes, with bwd_intra's dq and dk, and through
+# state_v_first, V): sequence groups of varlen inputs (cuda/sm90/sequence_groups.hpp) of
+# SEQUENCE_GROUP_LENGTHS, K = 128; bf16 on the wgmma passes, with bwd_intra's dq and dk, and through
 # bwd_prepare with GVA and l2norm; float16, float32 and bf16 at chunks of 32 on the mma.sync passes,
-# the last with int32 offsets and the states' [V, K] layout.
-SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False, 64, torch.int64, False),
-                        (torch.bfloat16, 2, True, True, 64, torch.int64, False),
-                        (torch.float16, 1, True, False, 64, torch.int64, False),
-                        (torch.float32, 2, False, True, 64, torch.int64, False),
-                        (torch.bfloat16, 2, True, False, 32, torch.int32, True)]
+# the last with int32 offsets and the states' [V, K] layout; bf16 with V = 64 on the runtime-shaped
+# kernels (views of the value rows that differ from the key rows).
+SEQUENCE_GROUP_CASES = [(torch.bfloat16, 1, False, False, 64, torch.int64, False, 128),
+                        (torch.bfloat16, 2, True, True, 64, torch.int64, False, 128),
+                        (torch.float16, 1, True, False, 64, torch.int64, False, 128),
+                        (torch.float32, 2, False, True, 64, torch.int64, False, 128),
+                        (torch.bfloat16, 2, True, False, 32, torch.int32, True, 128),
+                        (torch.bfloat16, 1, True, False, 64, torch.int64, False, 64)]
 
 
-@pytest.mark.parametrize("dtype,gva,l2norm,beta_logits,chunk,offsets_dtype,state_v_first", SEQUENCE_GROUP_CASES,
-                         ids=["bf16", "bf16-gva-l2norm", "fp16", "fp32-gva", "bf16-chunk32-int32-vfirst"])
+@pytest.mark.parametrize("dtype,gva,l2norm,beta_logits,chunk,offsets_dtype,state_v_first,V", SEQUENCE_GROUP_CASES,
+                         ids=["bf16", "bf16-gva-l2norm", "fp16", "fp32-gva", "bf16-chunk32-int32-vfirst",
+                              "bf16-v64"])
 def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, dtype, gva, l2norm, beta_logits, chunk,
-                                                   offsets_dtype, state_v_first):
+                                                   offsets_dtype, state_v_first, V):
     """A varlen call of many chunks runs its backward on groups of whole sequences in turn, in the
     largest group's workspace: every gradient, dA_log and ddt_bias included, is bitwise that of the
     one pass on the forward's kept workspace (disable_recompute), and the workspace is the largest
     group's share of the call's."""
-    HV, K = sequence_group_value_heads(), 128
+    HV, K = sequence_group_value_heads(V), 128
     H = HV // gva
     offsets = sequence_group_offsets()
     torch.manual_seed(0)
-    x = make_inputs(B=1, T=offsets[-1], H=H, HV=HV, K=K, V=K, dtype=dtype, gate_in_kernel=True,
+    x = make_inputs(B=1, T=offsets[-1], H=H, HV=HV, K=K, V=V, dtype=dtype, gate_in_kernel=True,
                     beta_logits=beta_logits, cu_seqlens=offsets, state_v_first=state_v_first, requires_grad=False)
     c = {n: t.cuda() for n, t in x.items() if t is not None}
     c["cu_seqlens"] = c["cu_seqlens"].to(offsets_dtype)

@@ -109,7 +109,7 @@ void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
 }
 
 // bwd_state_wgmma's arguments: the tensor maps of the rows it reads, in boxes of one chunk's tokens.
-BwdStateWgmmaParams wgmma_params(const Problem& p, const BackwardParams& params) {
+BwdStateWgmmaParams bwd_state_wgmma_params(const Problem& p, const BackwardParams& params) {
   const ForwardWorkspace& ws = params.fwd.ws;
   const int64_t tokens = p.B * p.T, io_tokens = (p.B - 1) * params.fwd.io_T + p.T;  // dO: a view's rows
   BwdStateWgmmaParams wgmma{};
@@ -137,7 +137,7 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
       using L = BwdStateWgmmaLayout;
       prefer_max_shared(bwd_state_wgmma_kernel);
       return launch(bwd_state_wgmma_kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s,
-                    wgmma_params(p, params));
+                    bwd_state_wgmma_params(p, params));
     }
   }
   const size_t smem = BwdStateLayout::bytes(p.chunk, static_cast<int>(p.K), operand_bytes(kP), sizeof(DoT));
@@ -188,6 +188,14 @@ void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, 
          BwdParamsConfig::smem_bytes(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)), s, params);
 }
 
+// state_passes_kernel's grid: the state passes' (chunk-sequence, V-tile) grid, once for each pass
+// along z.
+dim3 state_passes_grid(const Problem& p) {
+  dim3 grid = state_pass_grid(p, BwdStateWgmmaLayout::kTile);
+  grid.z = 2;
+  return grid;
+}
+
 // Whether B0's F4 and B2 run side by side (state_passes_kernel), for the instance of bf16 products
 // and a bf16 dO at the common shape (kBf16DoAtCommonShape, where F4 always runs on wgmma): B2 on
 // wgmma too (backward_state_on_wgmma), F4 run again, and the blocks of both few enough for an SM
@@ -195,9 +203,9 @@ void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, 
 // together took as long as one after the other (docs/design.md, "The backward's state passes side
 // by side").
 bool state_passes_together(const Problem& p, const BackwardParams& params) {
-  const dim3 grid = state_pass_grid(p, BwdStateWgmmaLayout::kTile);
+  const dim3 grid = state_passes_grid(p);
   return !p.keep_forward && backward_state_on_wgmma(params) &&
-         2 * static_cast<int64_t>(grid.x) * grid.y <= device_limits(p.device.device_id).sms;
+         static_cast<int64_t>(grid.x) * grid.y * grid.z <= device_limits(p.device.device_id).sms;
 }
 
 // B0's F4 and B2 in one launch (state_passes_together), one block per SM: each asks for all the
@@ -205,14 +213,12 @@ bool state_passes_together(const Problem& p, const BackwardParams& params) {
 void state_passes(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   StatePassesParams args{};
   args.forward = fwd_state_wgmma_params(p, params.fwd);
-  args.backward = wgmma_params(p, params);
-  dim3 grid = state_pass_grid(p, BwdStateWgmmaLayout::kTile);
-  grid.z = 2;
+  args.backward = bwd_state_wgmma_params(p, params);
   const DeviceLimits& device = device_limits(p.device.device_id);
   const int smem = device.smem_per_sm - device.reserved_smem_per_block;
   FKT_CHECK(smem >= kStatePassesBytes) << "internal: the state passes need " << kStatePassesBytes
                                        << " bytes of shared memory a block, the device has " << smem;
-  launch(state_passes_kernel, grid, BwdStateWgmmaLayout::kThreads, smem, s, args);
+  launch(state_passes_kernel, state_passes_grid(p), BwdStateWgmmaLayout::kThreads, smem, s, args);
 }
 
 // B0 to B8 of p (a part's problem and params, or the call's).
@@ -278,10 +284,10 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
 
 // A part's params whose parameter-gradient partials fill the call's array from chunk row
 // `first_chunk` (none with a precomputed gate), reduced once after the last part
-// (reduce_call_partials).
+// (reduce_call_partials). p is the call's problem.
 void partials_into_call(const Problem& p, const PartArrays& arrays, int64_t first_chunk, BackwardParams& params) {
   params.dA_log = params.ddt_bias = nullptr;
-  if (arrays.dA_log_parts == nullptr) return;
+  if (p.gate == GateMode::kPrecomputed) return;
   params.ws.dA_log_parts = arrays.dA_log_parts + first_chunk * p.HV;
   params.ws.ddt_bias_parts = arrays.ddt_bias_parts + first_chunk * p.HV * p.K;
 }
