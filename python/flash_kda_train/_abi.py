@@ -33,6 +33,9 @@ class Config:
     disable_recompute: bool = False
     state_v_first: bool = False
     backend: str = "auto"
+    # fkt_options.forward_pieces (c_api.h): the whole call at once until the pieces have run on the
+    # GPU (docs/design.md, "The forward in pieces").
+    forward_pieces: int = 1
 
     def options(self) -> _lib.Options:
         """The C ABI's options (read-only there: one struct per Config, built on first use)."""
@@ -58,6 +61,7 @@ class Config:
             disable_recompute=int(self.disable_recompute),
             state_v_first=int(self.state_v_first),
             backend=_lib.BACKENDS[self.backend],
+            forward_pieces=int(self.forward_pieces),
         )
 
 
@@ -333,7 +337,7 @@ def gold_backward(fw: Framework, cfg: Config, inputs: Inputs, d_o, d_final_state
     return grads
 
 
-KNOWN_KWARGS = frozenset({"A_log", "dt_bias", "chunk_size", "transpose_state_layout", "backend"})
+KNOWN_KWARGS = frozenset({"A_log", "dt_bias", "chunk_size", "transpose_state_layout", "backend", "forward_pieces"})
 # resolve's Configs by their arguments (and chunk_size's type, which it checks): a call with the
 # options of an earlier one takes its Config, and with it the C options built once (Config.options).
 # Only for arguments of plain types (None, bool, int, float, str): a tensor's value may change.
@@ -362,13 +366,14 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
         state_v_first = bool(kwargs["transpose_state_layout"])
     chunk_size = kwargs.get("chunk_size", 64)
     backend = kwargs.get("backend", "auto")
+    forward_pieces = kwargs.get("forward_pieces", Config.forward_pieces)
     args = (head_dim, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend)
-    key = (args, type(chunk_size)) if _PLAIN.issuperset(map(type, args)) else None
+            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend,
+            forward_pieces)
+    key = (args, type(chunk_size), type(forward_pieces)) if _PLAIN.issuperset(map(type, args)) else None
     cfg = _RESOLVED.get(key) if key is not None else None
     if cfg is None:
-        cfg = _config(head_dim, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                      allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend)
+        cfg = _config(*args)
         if key is not None and len(_RESOLVED) < _MAX_RESOLVED:
             _RESOLVED[key] = cfg
     A_log = kwargs.get("A_log") if use_gate_in_kernel else None
@@ -376,16 +381,24 @@ def resolve(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, u
     return cfg, A_log, dt_bias
 
 
+def _int32(value) -> bool:
+    """Whether value fits the library's 32-bit integer options (a bool does not count)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and -2**31 <= value < 2**31
+
+
 def _config(head_dim: int, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend) -> Config:
-    """resolve's Config of these arguments, chunk_size checked."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or \
-            not -2**31 <= chunk_size < 2**31:  # the library's option is a 32-bit integer
+            allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, chunk_size, backend,
+            forward_pieces) -> Config:
+    """resolve's Config of these arguments, chunk_size's and forward_pieces' types checked (their values
+    by the library)."""
+    if not _int32(chunk_size):
         raise ValueError(f"chunk_size: expected an integer (32 or 64), got {chunk_size!r}")
+    if not _int32(forward_pieces):
+        raise ValueError(f"forward_pieces: expected an integer (-1, 0, 1 or a count of pieces), got {forward_pieces!r}")
     default_scale = head_dim ** -0.5 if head_dim >= 1 else 1.0  # K = 0 is refused by the library
     return Config(scale=float(scale if scale is not None else default_scale), lower_bound=lower_bound,
                   chunk_size=int(chunk_size),
                   use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
                   use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),
                   safe_gate=bool(safe_gate), disable_recompute=bool(disable_recompute),
-                  state_v_first=bool(state_v_first), backend=backend)
+                  state_v_first=bool(state_v_first), backend=backend, forward_pieces=int(forward_pieces))

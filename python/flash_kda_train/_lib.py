@@ -31,6 +31,7 @@ class Options(ctypes.Structure):
         ("disable_recompute", _c_int32),
         ("state_v_first", _c_int32),
         ("backend", _c_int32),
+        ("forward_pieces", _c_int32),
     ]
 
 

@@ -52,8 +52,14 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Returns ``(o, final_state)`` (``final_state`` is None unless ``output_final_state``), or
     ``(o, final_state, h)`` with ``return_intermediate_states`` (inference mode only). Extra
     keywords: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64), ``transpose_state_layout``
-    (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda") and
-    ``segment_size``.
+    (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda"),
+    ``forward_pieces`` and ``segment_size``.
+
+    ``forward_pieces`` (1 by default: the whole call at once; -1: the planner's choice; up to 16)
+    runs the CUDA forward of dense bfloat16 inputs with K = V = 128 in that many pieces of its
+    chunks, the state pass of a piece on a second stream beside the chunk kernel of the next: the
+    same bits, less time where the sequences x heads are few (docs/design.md, "The forward in
+    pieces"). Other calls and backends run whole.
 
     ``segment_size`` (tokens, a multiple of the chunk size) runs the op on consecutive segments of
     the tokens (of every batch row, or of the packed sequences), a sequence cut by a segment
@@ -114,7 +120,8 @@ def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seq
         flags = [cfg.use_qk_l2norm_in_kernel, cfg.use_gate_in_kernel, cfg.use_beta_sigmoid_in_kernel,
                  cfg.allow_neg_eigval, cfg.safe_gate, cfg.disable_recompute, cfg.state_v_first]
         o, final_state, _ = torch.ops.flash_kda_train.chunk_kda_fwd(
-            *tensors, cfg.scale, cfg.lower_bound, cfg.chunk_size, flags, bool(output_final_state), cfg.backend)
+            *tensors, cfg.scale, cfg.lower_bound, cfg.chunk_size, flags, bool(output_final_state), cfg.backend,
+            cfg.forward_pieces)
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors[:8]):
         o, final_state = _ops.EagerChunkKda.apply(*tensors, cfg, bool(output_final_state))
     else:  # no gradient to take: no autograd node, and nothing saved for a backward

@@ -840,6 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "segments of N tokens (a multiple of 64)")
     p.add_argument("--disable-recompute", action="store_true",
                    help="ours only: chunk_kda(disable_recompute=True), the forward's intermediates kept")
+    p.add_argument("--forward-pieces", type=int,
+                   help="ours only: chunk_kda(forward_pieces=N), the CUDA forward of dense inputs in up to N pieces "
+                        "(-1: the planner's choice; docs/design.md, \"The forward in pieces\")")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="start no new shape after this many seconds (0: no limit); results so far are kept")
     p.add_argument("--git-commit", default=os.environ.get("FKT_GIT_COMMIT"),
@@ -897,6 +900,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ours_options["segment_size"] = args.segment_size
     if args.disable_recompute:
         ours_options["disable_recompute"] = True
+    if args.forward_pieces is not None:
+        ours_options["forward_pieces"] = args.forward_pieces
     env = environment(device)
     env["fla"] = _version("fla") if fla_call is not None else None
     data = dict(

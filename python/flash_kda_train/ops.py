@@ -14,12 +14,12 @@ from . import _core
 _NAMESPACE = "flash_kda_train"
 
 
-def _config(scale, lower_bound, chunk_size, flags: List[bool], backend: str) -> _core.Config:
+def _config(scale, lower_bound, chunk_size, flags: List[bool], backend: str, forward_pieces: int) -> _core.Config:
     l2norm, gate, beta_sigmoid, neg_eigval, safe_gate, disable_recompute, state_v_first = flags
     return _core.Config(scale=scale, lower_bound=lower_bound, chunk_size=chunk_size, use_qk_l2norm_in_kernel=l2norm,
                         use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=beta_sigmoid,
                         allow_neg_eigval=neg_eigval, safe_gate=safe_gate, disable_recompute=disable_recompute,
-                        state_v_first=state_v_first, backend=backend)
+                        state_v_first=state_v_first, backend=backend, forward_pieces=forward_pieces)
 
 
 def _absent(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -64,10 +64,11 @@ def _saved_bytes(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], chunk_size:
 def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
              dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
              cu_seqlens_cpu: Optional[Tensor], scale: float, lower_bound: Optional[float], chunk_size: int,
-             flags: List[bool], output_final_state: bool, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+             flags: List[bool], output_final_state: bool, backend: str,
+             forward_pieces: int) -> Tuple[Tensor, Tensor, Tensor]:
     """(o, final state or empty, what the backward reads or empty: the workspace with disable_recompute
     on CUDA, else what the forward saved for it). The body of the custom op chunk_kda_fwd."""
-    cfg = _config(scale, lower_bound, chunk_size, flags, backend)
+    cfg = _config(scale, lower_bound, chunk_size, flags, backend, forward_pieces)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     o, final_state, _, saved = _core.forward(cfg, inputs, output_final_state)
     return o, _final_state_or_empty(final_state, q), _saved_or_empty(saved, q)
@@ -78,7 +79,7 @@ chunk_kda_fwd = torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_fwd", _forward
 
 @chunk_kda_fwd.register_fake
 def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, lower_bound, chunk_size,
-      flags, output_final_state, backend):
+      flags, output_final_state, backend, forward_pieces):
     state_dtype = _core.state_dtype(q)
     # The kept workspace's size depends on the offsets' values (chunks per sequence): data-dependent.
     saved_bytes = torch.library.get_ctx().new_dynamic_size() if flags[5] else _saved_bytes(
@@ -98,9 +99,9 @@ def _backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log
                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
                  cu_seqlens_cpu: Optional[Tensor], d_o: Tensor, d_final_state: Optional[Tensor], saved: Tensor,
                  scale: float, lower_bound: Optional[float], chunk_size: int, flags: List[bool],
-                 backend: str) -> List[Tensor]:
+                 backend: str, forward_pieces: int) -> List[Tensor]:
     """Every gradient (empty for absent inputs): the body of the custom op chunk_kda_bwd."""
-    cfg = _config(scale, lower_bound, chunk_size, flags, backend)
+    cfg = _config(scale, lower_bound, chunk_size, flags, backend, forward_pieces)
     inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     grads = _core.backward(cfg, inputs, d_o, _absent(d_final_state), saved if saved.numel() else None)
     return [t if t is not None else _empty(q) for t in grads]
@@ -111,7 +112,7 @@ chunk_kda_bwd = torch.library.custom_op(f"{_NAMESPACE}::chunk_kda_bwd", _backwar
 
 @chunk_kda_bwd.register_fake
 def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, d_o, d_final_state, saved, scale,
-      lower_bound, chunk_size, flags, backend):
+      lower_bound, chunk_size, flags, backend, forward_pieces):
     gate_in_kernel = flags[1]
     optional = [A_log if gate_in_kernel else None, dt_bias if gate_in_kernel else None, initial_state]
     # Contiguous, as the library allocates its gradients, whatever the inputs' strides.
@@ -121,12 +122,12 @@ def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cp
 
 
 _INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu")
-_OPTIONS = ("scale", "lower_bound", "chunk_size", "flags", "backend")
+_OPTIONS = ("scale", "lower_bound", "chunk_size", "flags", "backend", "forward_pieces")
 
 
 def _setup_context(ctx, inputs, output):
-    named = dict(zip(_INPUTS + ("scale", "lower_bound", "chunk_size", "flags", "output_final_state", "backend"),
-                     inputs))
+    named = dict(zip(_INPUTS + ("scale", "lower_bound", "chunk_size", "flags", "output_final_state", "backend",
+                                "forward_pieces"), inputs))
     ctx.save_for_backward(*(named[name] for name in _INPUTS), output[2])
     ctx.options = {name: named[name] for name in _OPTIONS}
 
@@ -136,8 +137,8 @@ def _gradients(ctx, d_o, d_final_state, backward_op):
     grads = backward_op(*inputs, d_o, _absent(d_final_state), saved, **ctx.options)
     dA_log, ddt_bias, dh0 = (_absent(t) for t in grads[5:])
     # One gradient per op input: q, k, v, g, beta, A_log, dt_bias, initial_state, then None for
-    # cu_seqlens, cu_seqlens_cpu and the six options.
-    return (*grads[:5], dA_log, ddt_bias, dh0) + (None,) * 8
+    # cu_seqlens, cu_seqlens_cpu and the seven options.
+    return (*grads[:5], dA_log, ddt_bias, dh0) + (None,) * 9
 
 
 def _backward(ctx, d_o, d_final_state, _d_saved):

@@ -129,7 +129,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Returns ``(o, final_state)`` (``final_state`` is None unless ``output_final_state``), or
     ``(o, final_state, h)`` with ``return_intermediate_states`` (under ``paddle.no_grad()`` only).
     Extra keywords: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64), ``transpose_state_layout``
-    (deprecated alias of ``state_v_first``) and ``backend`` ("auto", "cpu" or "cuda").
+    (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda") and
+    ``forward_pieces`` (as flash_kda_train.chunk_kda's).
     """
     cfg, A_log, dt_bias, cu_seqlens_cpu = _prepare(
         q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,

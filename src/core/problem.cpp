@@ -98,6 +98,9 @@ void check_options(const fkt_options& opt, bool has_A_log) {
   }
   FKT_CHECK(opt.backend == FKT_BACKEND_AUTO || opt.backend == FKT_BACKEND_CPU || opt.backend == FKT_BACKEND_CUDA)
       << "backend: expected auto (0), cpu (1) or cuda (2), got " << opt.backend;
+  FKT_CHECK(opt.forward_pieces >= -1 && opt.forward_pieces <= FKT_MOST_FORWARD_PIECES)
+      << "forward_pieces: expected -1 (the planner's choice), 0 or 1 (the whole call at once) or a count up to "
+      << FKT_MOST_FORWARD_PIECES << ", got " << opt.forward_pieces;
 }
 
 }  // namespace
@@ -249,6 +252,7 @@ Problem make_problem(const fkt_inputs& in, const fkt_options& opt) {
       << "backend: the CUDA backend was requested but the tensors are on " << device_str(p.device);
   p.backend = on_cuda ? Backend::kCuda : Backend::kCpu;
   p.keep_forward = on_cuda && opt.disable_recompute != 0;
+  p.forward_pieces = opt.forward_pieces;
   return p;
 }
 

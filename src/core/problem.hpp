@@ -41,6 +41,7 @@ struct Problem {
   // disable_recompute on a backend that keeps the forward's intermediates for the backward (CUDA):
   // the forward writes them into its workspace and the backward reads them from it.
   bool keep_forward = false;
+  int forward_pieces = 0;   // fkt_options::forward_pieces, validated
   bool fp64 = false;        // inputs are float64: the CPU backend then computes in float64
   DType input_dtype = DType::kF32;
   Backend backend = Backend::kCpu;

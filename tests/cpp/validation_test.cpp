@@ -193,6 +193,13 @@ TEST(Validation, ChunkSize) {
   expect_planning_error([](Instance& in) { in.opt.chunk_size = 16; }, "chunk_size: must be either 32 or 64, got 16");
 }
 
+TEST(Validation, ForwardPieces) {
+  const char* expected = "forward_pieces: expected -1 (the planner's choice), 0 or 1 (the whole call at once) or a "
+                         "count up to 16, got ";
+  expect_planning_error([](Instance& in) { in.opt.forward_pieces = -2; }, std::string(expected) + "-2");
+  expect_planning_error([](Instance& in) { in.opt.forward_pieces = 17; }, std::string(expected) + "17");
+}
+
 TEST(Validation, AllowNegEigvalNeedsBetaSigmoid) {
   expect_planning_error([](Instance& in) { in.opt.allow_neg_eigval = 1; },
                         "allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True");

@@ -1,6 +1,6 @@
 """Forward and backward of the CUDA backend on small shapes that reach every padding and tail path
 (odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts, head
-groups, time segments and sequence groups of the backward), and
+groups, time segments and sequence groups of the backward, the forward in pieces), and
 the context-parallel summaries and fold on the same shapes, for compute-sanitizer
 (scripts/memcheck.sh). Exits non-zero if an output is not finite."""
 
@@ -24,13 +24,15 @@ CASES = [
     # ending inside a chunk, on the mma.sync and the wgmma passes.
     dict(B=2, T=600, H=1, HV=2, K=64, V=72, chunk_size=32),
     dict(B=2, T=1100, H=1, HV=2, K=128, V=128),
+    # The same forward in three pieces of 6, 6 and 6 chunks (cuda/sm90/forward/pieces.hpp).
+    dict(B=2, T=1100, H=1, HV=2, K=128, V=128, forward_pieces=3),
     # The backward on three sequence groups (cuda/sm90/sequence_groups.hpp) of 8, 11 and 10 chunks,
     # each giving an H200's 132 SMs a block (4 V-tiles x 36 value heads a sequence).
     dict(B=1, T=800, H=36, HV=36, K=64, V=128, cu_seqlens=[0, 1, 1, 200, 330, 500, 640, 800], chunk_size=32),
 ]
 
 
-def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None):
+def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None, forward_pieces=1):
     torch.manual_seed(0)
     dev = "cuda"
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -47,7 +49,7 @@ def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None):
     o, ht = fkt.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_gate_in_kernel=True,
                           A_log=A_log, dt_bias=dt_bias, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
                           use_qk_l2norm_in_kernel=True, chunk_size=chunk_size, cu_seqlens=offsets,
-                          state_v_first=state_v_first)
+                          state_v_first=state_v_first, forward_pieces=forward_pieces)
     torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
     torch.cuda.synchronize()
     tensors = [o, ht, q.grad, k.grad, v.grad, g.grad, beta.grad, h0.grad, A_log.grad, dt_bias.grad]

@@ -20,13 +20,13 @@ def op_args(x, scale=0.35, chunk_size=64, l2norm=False, gate=False, **replaced):
     x = {**x, **replaced}
     flags = [l2norm, gate, False, False, False, False, False]
     return (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], x["initial_state"], None, None,
-            scale, None, chunk_size, flags, True, "auto")
+            scale, None, chunk_size, flags, True, "auto", 1)
 
 
 def bwd_op_args(fwd, d_o, d_final_state, saved):
     """The positional arguments of the op chunk_kda_bwd after chunk_kda_fwd(*fwd)."""
-    scale, lower_bound, chunk_size, flags, _, backend = fwd[10:]
-    return (*fwd[:10], d_o, d_final_state, saved, scale, lower_bound, chunk_size, flags, backend)
+    scale, lower_bound, chunk_size, flags, _, backend, forward_pieces = fwd[10:]
+    return (*fwd[:10], d_o, d_final_state, saved, scale, lower_bound, chunk_size, flags, backend, forward_pieces)
 
 
 def test_paired_api_matches_autograd():
@@ -55,7 +55,7 @@ def test_eager_function_matches_the_custom_op(device):
     do, dht = torch.randn_like(x["v"]).to(device), torch.randn_like(x["initial_state"]).to(device)
     results = []
     # EagerChunkKda takes the op's ten tensors, then the Config its options make and output_final_state.
-    eager = lambda *a: ops.EagerChunkKda.apply(*a[:10], ops._config(*a[10:14], a[15]), a[14])  # noqa: E731
+    eager = lambda *a: ops.EagerChunkKda.apply(*a[:10], ops._config(*a[10:14], *a[15:]), a[14])  # noqa: E731
     for call in (eager, lambda *a: torch.ops.flash_kda_train.chunk_kda_fwd(*a)[:2]):
         leaves = {n: t.detach().to(device).requires_grad_() for n, t in x.items() if t is not None}
         o, ht = call(*op_args(leaves, scale=0.25, l2norm=True, gate=True))
@@ -79,6 +79,8 @@ def test_resolved_options_are_shared_only_by_the_same_arguments():
     other = resolve(scale=0.5, chunk_size=32)
     assert other is not first and other.scale == 0.5 and other.options().scale == 0.5
     assert resolve(chunk_size=1).chunk_size == 1  # the library refuses it, by value
+    pieces = resolve(chunk_size=32, forward_pieces=4)
+    assert pieces is not first and pieces.options().forward_pieces == 4 and first.options().forward_pieces == 1
     with pytest.raises(ValueError, match="chunk_size: expected an integer"):
         resolve(chunk_size=True)  # equal to 1 as a key, but a bool
     tensor_scale = torch.tensor(0.25)

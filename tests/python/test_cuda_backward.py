@@ -495,7 +495,7 @@ def test_fake_saved_size_is_the_library_s(T, packed, disable_recompute):
     cu = torch.tensor([0, T // 3, T], device="cuda") if packed else None
     fwd = (cuda["q"], cuda["k"], cuda["v"], cuda["g"], cuda["beta"], cuda["A_log"], cuda["dt_bias"], None, cu,
            cu.cpu() if packed else None, 0.25, None, 64, [False, True, False, False, False, disable_recompute, False],
-           True, "auto")
+           True, "auto", 1)
     _, _, saved = torch.ops.flash_kda_train.chunk_kda_fwd(*fwd)
     from flash_kda_train.ops import _saved_bytes
     assert saved.numel() == _saved_bytes(cuda["q"], cuda["v"], cu, 64, "auto")

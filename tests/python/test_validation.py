@@ -60,6 +60,12 @@ CASES = [
     (lambda: call(scale=1e39), r"scale: expected a value within float32's range .* got 1e\+39"),
     (lambda: call(allow_neg_eigval=True), r"allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True"),
     (lambda: call(backend="tpu"), r"backend: expected one of"),
+    (lambda: call(forward_pieces=17),
+     r"forward_pieces: expected -1 \(the planner's choice\), 0 or 1 \(the whole call at once\) or a count up to 16, "
+     r"got 17"),
+    (lambda: call(forward_pieces=-2), r"forward_pieces: expected -1 .*, got -2"),
+    (lambda: call(forward_pieces=True), r"forward_pieces: expected an integer \(-1, 0, 1 or a count of pieces\), got True"),
+    (lambda: call(forward_pieces=2.0), r"forward_pieces: expected an integer .*, got 2.0"),
     (lambda: call(backend="cuda"), r"backend: the CUDA backend was requested but the tensors are on cpu"),
 ]
 

@@ -172,6 +172,8 @@ inline ForwardParams forward_params(const Problem& p, const ForwardWorkspace& ws
   params.T = p.T;
   params.N = p.N;
   params.chunks_per_row = (p.T + p.chunk - 1) / p.chunk;
+  params.piece_begin = 0;
+  params.piece_end = kNoPieceEnd;
   params.H = static_cast<int32_t>(p.H);
   params.HV = static_cast<int32_t>(p.HV);
   params.K = static_cast<int32_t>(p.K);

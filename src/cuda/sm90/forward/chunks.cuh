@@ -56,6 +56,15 @@ __device__ __forceinline__ ChunkSpan chunk_span(const ForwardParams& p, int64_t 
   return {first, min(static_cast<int64_t>(p.chunk), end - first), 0, j, first};
 }
 
+// The chunk of the packed chunk list that block x of a chunk-parallel launch takes: x itself, or in
+// a piece (dense, ForwardParams::piece_begin), chunk piece_begin + x % n of batch row x / n, n the
+// piece's chunks of a row.
+__device__ __forceinline__ int64_t launched_chunk(const ForwardParams& p, int64_t x) {
+  if (p.piece_end == kNoPieceEnd) return x;
+  const int64_t n = min(p.piece_end, p.chunks_per_row) - p.piece_begin;
+  return x / n * p.chunks_per_row + p.piece_begin + x % n;
+}
+
 // Element (d, e) of the state of (sequence n, value head) in a [N, HV, K, V] or [N, HV, V, K] tensor
 // as given (io_HV heads).
 __device__ __forceinline__ int64_t state_index(const ForwardParams& p, int64_t n, int head, int d, int e) {

@@ -417,7 +417,8 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
-  const ChunkSpan c = chunk_span(p, blockIdx.x);
+  const int64_t chunk = launched_chunk(p, blockIdx.x);
+  const ChunkSpan c = chunk_span(p, chunk);
   const int head = blockIdx.y, qk_head = head / (p.HV / p.H);
   const int C = Dims::chunk(p), K = Dims::k(p), V = Dims::v(p), l = static_cast<int>(c.rows);
   const int Kp = Config::padded(K), Vp = Config::padded(V);
@@ -505,7 +506,7 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
       g[r * ldg + d] = sum * kLog2e;
       if (gamma != nullptr) gamma[r * stride_k] = sum;
     });
-    p.ws.g_last[(static_cast<int64_t>(blockIdx.x) * p.HV + head) * K + d] = total;
+    p.ws.g_last[(chunk * p.HV + head) * K + d] = total;
     g_last[d] = total * kLog2e;
   }
   for (int d = K + tid; d < Kp; d += nthreads) g_last[d] = 0.f;

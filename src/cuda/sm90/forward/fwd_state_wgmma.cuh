@@ -125,9 +125,11 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     mbarrier_init(update_ready);
   }
   __syncthreads();
-  if (leader && b.chunks > 0) {
-    issue_values(0);
-    issue_update(0);
+  // The chunks of this launch: all the sequence's, or a piece's (ForwardParams::piece_begin).
+  const int64_t begin = p.piece_begin, end = min(b.chunks, p.piece_end);
+  if (leader && begin < end) {
+    issue_values(begin);
+    issue_update(begin);
   }
   // The state into a tensor like the initial state (a time segment's start, or the final state).
   auto store_state = [&](float* to) {
@@ -137,9 +139,9 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     }
   };
   int64_t segment_start = first_segment_start(p);
-  for (int64_t j = 0; j < b.chunks; ++j) {
+  for (int64_t j = begin; j < end; ++j) {
     const int l = b.rows_of(j);
-    const uint32_t parity = static_cast<uint32_t>(j & 1);
+    const uint32_t parity = static_cast<uint32_t>((j - begin) & 1);
     char* const ops = unhoisted(smem);  // the products' operands
     const int64_t base = (b.first_state + j * p.HV) * K * V;  // h_j's [K, V] block
     if (j == segment_start) {
@@ -199,7 +201,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       });
     }
     __syncthreads();  // W, U, gamma_L (and Q_up) are consumed; exp(gamma_L) is in (and h_j, delta staged)
-    if (leader && j + 1 < b.chunks) issue_values(j + 1);
+    if (leader && j + 1 < end) issue_values(j + 1);
     // S^T <- S^T diag(exp(gamma_L)) + delta^T K_down (and o^T += delta^T P^T).
 #pragma unroll
     for (int h = 0; h < 2; ++h) transform_acc(s[h], [&](int, int col, float x) { return decay[64 * h + col] * x; });
@@ -251,7 +253,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       });
     }
     __syncthreads();  // K_down (and P, exp(gamma_L)) are consumed (and o's rows are in)
-    if (leader && j + 1 < b.chunks) issue_update(j + 1);
+    if (leader && j + 1 < end) issue_update(j + 1);
     if constexpr (kOutput) {
       if (p.o != nullptr) {
         store_cells16<kThreads, C, kTile / 8>(static_cast<__nv_bfloat16*>(p.o) + (b.first + j * b.step) * V + b.e0,

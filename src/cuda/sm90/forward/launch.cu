@@ -7,12 +7,14 @@
 #include "cuda/backend.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device_guard.cuh"
+#include "cuda/common/side_stream.hpp"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/forward/chunk_offsets.cuh"
 #include "cuda/sm90/forward/fwd_intra.cuh"
 #include "cuda/sm90/forward/fwd_output.cuh"
 #include "cuda/sm90/forward/fwd_state.cuh"
 #include "cuda/sm90/forward/fwd_state_wgmma.cuh"
+#include "cuda/sm90/forward/pieces.hpp"
 #include "cuda/sm90/saved.hpp"
 #include "cuda/sm90/segments.hpp"
 #include "cuda/sm90/tensor_map.hpp"
@@ -22,16 +24,22 @@ namespace {
 
 constexpr int kMaxHeadDim = 128;  // shared-memory plan of the fp32 stage kernels
 
-ForwardParams make_params(const Problem& p, const fkt_forward_outputs& out) {
-  Carver carver(TensorRef(out.workspace, "workspace").bytes());
-  // With keep_forward the workspace is laid out as the backward's, whose first part the forward fills
-  // (T and the activated inputs included) for the backward to read.
-  const int bytes = operand_bytes(products_for(p));
-  ForwardParams params = forward_params(p, ForwardWorkspace::carve(carver, p, p.keep_forward, bytes));
-  params.o = data_or_null(out.o, "o");
-  params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
-  params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
-  return params;
+// The forward's workspace: the stages' (with keep_forward laid out as the backward's, whose first part
+// the forward fills, T and the activated inputs included, for the backward to read), then the state
+// carried from piece to piece when it runs in pieces. One layout for sizing and for the run.
+struct ForwardLayout {
+  ForwardWorkspace ws;
+  ForwardPieces pieces;
+  float* carry;  // like initial_state, fp32; with pieces only
+};
+
+ForwardLayout carve_forward(Carver& m, const Problem& p) {
+  ForwardLayout layout{};
+  layout.ws = ForwardWorkspace::carve(m, p, p.keep_forward, operand_bytes(products_for(p)));
+  const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<true>::kTile);
+  layout.pieces = forward_pieces(p, layout.ws, static_cast<int64_t>(f4.x) * f4.y);
+  if (layout.pieces.count > 1) layout.carry = m.take<float>(segment_state_elements(p));
+  return layout;
 }
 
 template <typename T>
@@ -82,6 +90,57 @@ void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream) 
   launch(chunk_offsets_kernel, dim3(1), ChunkOffsetsConfig::kThreads, 0, static_cast<cudaStream_t>(stream), params);
 }
 
+// F2 (F1 inside) over `chunks` chunks of every value head: the call's, or a piece's
+// (ForwardParams::piece_begin), on `s` of the current device.
+void intra_stage(const Problem& p, const ForwardParams& params, Products products, unsigned chunks, cudaStream_t s) {
+  const unsigned heads = static_cast<unsigned>(p.HV);
+  with_products(products, [&](auto kp) {
+    with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
+      using In = decltype(in);
+      // kTf32 is chosen for bfloat16 q only (products_for), __half storage for float16 q only.
+      if constexpr (decltype(kp)::value == Products::kTf32 && std::is_same_v<In, __half>) {
+        return;  // a pair that never occurs: not instantiated
+      } else {
+        with_dims<decltype(kp)::value>(p, [&](auto dims) {
+          with_flag(params.ws.recompute, [&](auto recompute) {
+            with_flag(params.l2norm, [&](auto scaled) {
+              constexpr bool kRecompute = decltype(recompute)::value;
+              const auto kernel =
+                  fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute, decltype(scaled)::value>;
+              prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
+              launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
+                     IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s,
+                     params);
+            });
+          });
+        });
+      }
+    });
+  });
+}
+
+// F2 and F4 (F5 inside) piece by piece (forward/pieces.hpp): F2 on the caller's stream, F4 on the side
+// stream after F2 of its piece, and the caller's stream then after the last F4.
+void forward_in_pieces(const Problem& p, const ForwardParams& params, const ForwardLayout& layout, cudaStream_t s) {
+  const DeviceGuard device(p.device.device_id);
+  const SideStream& side = SideStream::current();
+  using L = FwdStateWgmmaLayout<true>;
+  const auto kernel = fwd_state_wgmma_kernel<void>;
+  prefer_max_shared(kernel);
+  FwdStateWgmmaParams f4 = fwd_state_wgmma_params(p, params);
+  ForwardParams& piece = f4.p;
+  for (int64_t i = 0; i < layout.pieces.count; ++i) {
+    piece.piece_begin = i * layout.pieces.chunks;
+    piece.piece_end = std::min(piece.piece_begin + layout.pieces.chunks, params.chunks_per_row);
+    piece.initial_state = i == 0 ? params.initial_state : layout.carry;
+    piece.final_state = i + 1 == layout.pieces.count ? params.final_state : layout.carry;
+    intra_stage(p, piece, Products::kTf32, static_cast<unsigned>(p.B * (piece.piece_end - piece.piece_begin)), s);
+    side.follow(s);
+    launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, side.stream(), f4);
+  }
+  side.join(s);
+}
+
 }  // namespace
 
 FwdStateWgmmaParams fwd_state_wgmma_params(const Problem& p, const ForwardParams& params) {
@@ -118,7 +177,10 @@ void check_supported(const Problem& p) {
 }
 
 uint64_t forward_workspace_bytes(const Problem& p) {
-  return p.keep_forward ? backward_workspace_bytes(p) : own_workspace_bytes(p, products_for(p));
+  if (p.keep_forward) return backward_workspace_bytes(p);  // carve_forward's layout is its first part
+  Carver measure;
+  carve_forward(measure, p);
+  return measure.bytes();
 }
 
 void rebased_offsets(const Problem& p, int64_t first, int64_t count, int64_t* out, void* stream) {
@@ -135,32 +197,7 @@ void rebased_offsets(const Problem& p, int64_t first, int64_t count, int64_t* ou
 void forward_local_stages(const Problem& p, const ForwardParams& params, Products products, void* stream) {
   if (p.varlen) chunk_offsets(p, params, stream);
   const DeviceGuard device(p.device.device_id);
-  const auto s = static_cast<cudaStream_t>(stream);
-  const unsigned chunks = static_cast<unsigned>(ForwardWorkspace::chunks(p));
-  const unsigned heads = static_cast<unsigned>(p.HV);
-  with_products(products, [&](auto kp) {
-    with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
-      using In = decltype(in);
-      // kTf32 is chosen for bfloat16 q only (products_for), __half storage for float16 q only.
-      if constexpr (decltype(kp)::value == Products::kTf32 && std::is_same_v<In, __half>) {
-        return;  // a pair that never occurs: not instantiated
-      } else {
-        with_dims<decltype(kp)::value>(p, [&](auto dims) {
-          with_flag(params.ws.recompute, [&](auto recompute) {
-            with_flag(params.l2norm, [&](auto scaled) {
-              constexpr bool kRecompute = decltype(recompute)::value;
-              const auto kernel =
-                  fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute, decltype(scaled)::value>;
-              prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
-              launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
-                     IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s,
-                     params);
-            });
-          });
-        });
-      }
-    });
-  });
+  intra_stage(p, params, products, static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<cudaStream_t>(stream));
 }
 
 void forward_stages(const Problem& p, const ForwardParams& params, Products products, void* stream) {
@@ -191,10 +228,15 @@ uint64_t saved_bytes(const Problem& p) {
 }
 
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
-  ForwardParams params = make_params(p, out);
+  Carver carver(TensorRef(out.workspace, "workspace").bytes());
+  const ForwardLayout layout = carve_forward(carver, p);
+  ForwardParams params = forward_params(p, layout.ws);
+  params.o = data_or_null(out.o, "o");
+  params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
+  params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
   if (!p.keep_forward && out.saved != nullptr) {  // F2 keeps T and P, F4 the segments' entering states
-    Carver carver(TensorRef(out.saved, "saved").bytes());
-    const SavedLayout saved = SavedLayout::carve(carver, p);
+    Carver saved_carver(TensorRef(out.saved, "saved").bytes());
+    const SavedLayout saved = SavedLayout::carve(saved_carver, p);
     params.ws.T = saved.T;
     params.saved_P = saved.P;
     if (const TimeSegments segments = time_segments(p); segments.count > 1) {
@@ -202,6 +244,7 @@ void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
       params.segment_chunks = segments.length / p.chunk;
     }
   }
+  if (layout.pieces.count > 1) return forward_in_pieces(p, params, layout, static_cast<cudaStream_t>(stream));
   forward_stages(p, params, products_for(p), stream);
 }
 

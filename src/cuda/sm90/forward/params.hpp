@@ -9,6 +9,9 @@
 
 namespace fkt::cuda {
 
+// ForwardParams::piece_end of a launch that takes every chunk.
+constexpr int64_t kNoPieceEnd = INT64_MAX;
+
 struct ForwardParams {
   const void* q;              // [B, T, H, K] contiguous, qk_dtype
   const void* k;              // [B, T, H, K] contiguous, qk_dtype
@@ -35,6 +38,11 @@ struct ForwardParams {
   int64_t T, N;
   int64_t chunks_per_row;     // ceil(T / C): chunks of one dense batch row
   int64_t segment_chunks;     // chunks of a time segment (with segment_states)
+  // The chunks of every sequence that this launch of F2 and F4 takes, [piece_begin, piece_end): all
+  // of them (0, kNoPieceEnd) but in a forward in pieces (forward/pieces.hpp, dense inputs only),
+  // where F4 starts from initial_state and leaves its state in final_state, both the pieces' carry
+  // between pieces.
+  int64_t piece_begin, piece_end;
   int32_t H, HV, K, V, chunk;
   // Heads between the token rows of the inputs as given (q, k: io_H; v, beta, g, the states:
   // io_HV), and tokens between their batch rows (io_T), with the backward's dO and gradients: the

@@ -1,0 +1,91 @@
+"""The CUDA forward in pieces (docs/design.md, "The forward in pieces"): F4 of one piece beside F2 of
+the next on a side stream gives the whole call's bits (o, the final state, what it saves for the
+backward, so the gradients too), in a CUDA graph as well, with the launches the plan says."""
+
+import pytest
+import torch
+
+import flash_kda_train as fkt
+from kda_cases import capture_graph, make_inputs, needs_cuda
+
+pytestmark = needs_cuda
+
+OPTIONS = dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, output_final_state=True)
+
+# (case, forward_pieces, the pieces expected): bfloat16, K = V = 128 (pieces run at the common shape).
+CASES = [
+    (dict(B=2, T=1000), 2, 2),                                  # 16 chunks a row: two of 8
+    (dict(B=1, T=2085, HV=4), 3, 3),                            # GVA; the time segments' starts at the cuts
+    (dict(B=2, T=1300, state_v_first=True), 5, 5),              # 5, 5, 5, 5, 1 chunks; segment starts inside
+    (dict(B=3, T=130), 16, 3),                                  # more pieces asked than chunks: one each
+    (dict(B=2, T=777, state=False, l2norm=True), 4, 4),         # 4, 4, 4, 1 chunks; no initial state
+    (dict(B=1, T=2048), -1, 2),                                 # the planner's: F4 on 4 blocks, 32 chunks
+    (dict(B=4, T=2048, H=16), -1, 1),                           # the planner's: F4 on 128 blocks, whole
+]
+
+
+def inputs(case, requires_grad=True, seed=0):
+    case = dict(case)
+    l2norm = case.pop("l2norm", False)
+    torch.manual_seed(seed)
+    x = make_inputs(K=128, V=128, dtype=torch.bfloat16, gate_in_kernel=True, requires_grad=False,
+                    **{"H": 2, **case})
+    x = {n: (t.cuda().requires_grad_(requires_grad and t.is_floating_point()) if t is not None else None)
+         for n, t in x.items()}
+    return x, dict(OPTIONS, use_qk_l2norm_in_kernel=l2norm, state_v_first=case.get("state_v_first", False))
+
+
+def forward(x, opts, pieces):
+    return fkt.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], A_log=x["A_log"],
+                         dt_bias=x["dt_bias"], forward_pieces=pieces, **opts)
+
+
+def step(x, opts, pieces):
+    """o, the final state and every gradient of one training step."""
+    o, ht = forward(x, opts, pieces)
+    wrt = [t for t in x.values() if t is not None and t.requires_grad]
+    torch.manual_seed(1)
+    loss = (o.float() * torch.randn_like(o, dtype=torch.float32)).sum() + ht.square().sum()
+    return [o.detach(), ht.detach(), *torch.autograd.grad(loss, wrt)]
+
+
+def launches(fn, name):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if name in e.key)
+
+
+@pytest.mark.parametrize("case,pieces,expected", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_pieces_give_the_whole_call_s_bits(case, pieces, expected, poisoned):
+    x, opts = inputs(case)
+    whole, split = step(x, opts, 1), step(x, opts, pieces)
+    for a, b in zip(whole, split):
+        assert not b.isnan().any() and torch.equal(a, b)
+    with torch.no_grad():
+        counts = [launches(lambda: forward(x, opts, pieces), kernel)
+                  for kernel in ("fwd_intra_kernel", "fwd_state_wgmma_kernel")]
+    assert counts == [expected, expected]
+
+
+def test_pieces_with_intermediate_states():
+    x, opts = inputs(dict(B=2, T=1300), requires_grad=False)
+    with torch.inference_mode():
+        whole, split = (fkt.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                      A_log=x["A_log"], dt_bias=x["dt_bias"], return_intermediate_states=True,
+                                      forward_pieces=pieces, **opts) for pieces in (1, 4))
+    for a, b in zip(whole, split):
+        assert torch.equal(a, b)
+
+
+def test_pieces_in_a_cuda_graph_replayed_with_new_inputs():
+    static, opts = inputs(dict(B=2, T=1300), requires_grad=False)
+    graph, (o_graph, ht_graph) = capture_graph(lambda: forward(static, opts, 4))
+    fresh, _ = inputs(dict(B=2, T=1300), requires_grad=False, seed=5)
+    for name, t in fresh.items():
+        if t is not None:
+            static[name].copy_(t)
+    graph.replay()
+    o_whole, ht_whole = forward(static, opts, 1)
+    torch.cuda.synchronize()
+    assert torch.equal(o_graph, o_whole) and torch.equal(ht_graph, ht_whole)
