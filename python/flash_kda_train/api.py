@@ -56,8 +56,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``forward_pieces`` and ``segment_size``.
 
     ``forward_pieces`` (1 by default: the whole call at once; -1: the planner's choice; up to 16)
-    runs the CUDA forward of dense bfloat16 inputs with K = V = 128 in that many pieces of its
-    chunks, the state pass of a piece on a second stream beside the chunk kernel of the next: the
+    runs the CUDA forward of dense bfloat16 inputs with K = V = 128 and chunk_size 64 (without
+    disable_recompute) in that many pieces of its chunks, the state pass of a piece on a second stream beside the chunk kernel of the next: the
     same bits, less time where the sequences x heads are few (docs/design.md, "The forward in
     pieces"). Other calls and backends run whole.
 

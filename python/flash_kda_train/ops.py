@@ -150,7 +150,7 @@ chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class EagerChunkKda(torch.autograd.Function):
     """chunk_kda_fwd with its autograd, outside torch.compile: the same forward, saved tensors and
-    backward as the custom op, without the op's per-call dispatch (torch re-reads the 16-argument
+    backward as the custom op, without the op's per-call dispatch (torch re-reads the 17-argument
     schema to fill defaults before setup_context: about 85 us per forward call on a 2-core VM, about
     as much as the rest of the call's Python). Takes chunk_kda_fwd's ten tensor arguments, then the
     resolved ``_core.Config`` and output_final_state (fewer arguments for ``apply`` to unwrap, no

@@ -68,6 +68,14 @@ def test_pieces_give_the_whole_call_s_bits(case, pieces, expected, poisoned):
     assert counts == [expected, expected]
 
 
+def test_pieces_without_the_final_state():
+    x, opts = inputs(dict(B=2, T=1300), requires_grad=False)
+    opts["output_final_state"] = False
+    with torch.no_grad():
+        (whole, none_whole), (split, none_split) = (forward(x, opts, pieces) for pieces in (1, 4))
+    assert none_whole is None and none_split is None and torch.equal(whole, split)
+
+
 def test_pieces_with_intermediate_states():
     x, opts = inputs(dict(B=2, T=1300), requires_grad=False)
     with torch.inference_mode():

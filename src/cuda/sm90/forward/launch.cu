@@ -38,6 +38,8 @@ ForwardLayout carve_forward(Carver& m, const Problem& p) {
   layout.ws = ForwardWorkspace::carve(m, p, p.keep_forward, operand_bytes(products_for(p)));
   const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<true>::kTile);
   layout.pieces = forward_pieces(p, layout.ws, static_cast<int64_t>(f4.x) * f4.y);
+  // forward_workspace_bytes sizes keep_forward's layout as the backward's, which has no carry.
+  FKT_CHECK(!p.keep_forward || layout.pieces.count == 1) << "internal: pieces with the forward's workspace kept";
   if (layout.pieces.count > 1) layout.carry = m.take<float>(segment_state_elements(p));
   return layout;
 }
@@ -122,8 +124,9 @@ void intra_stage(const Problem& p, const ForwardParams& params, Products product
 // F2 and F4 (F5 inside) piece by piece (forward/pieces.hpp): F2 on the caller's stream, F4 on the side
 // stream after F2 of its piece, and the caller's stream then after the last F4.
 void forward_in_pieces(const Problem& p, const ForwardParams& params, const ForwardLayout& layout, cudaStream_t s) {
+  FKT_CHECK(params.ws.output_in_state_pass) << "internal: pieces without F5 inside F4";
   const DeviceGuard device(p.device.device_id);
-  const SideStream& side = SideStream::current();
+  Fork fork(SideStream::current(), s);
   using L = FwdStateWgmmaLayout<true>;
   const auto kernel = fwd_state_wgmma_kernel<void>;
   prefer_max_shared(kernel);
@@ -134,11 +137,11 @@ void forward_in_pieces(const Problem& p, const ForwardParams& params, const Forw
     piece.piece_end = std::min(piece.piece_begin + layout.pieces.chunks, params.chunks_per_row);
     piece.initial_state = i == 0 ? params.initial_state : layout.carry;
     piece.final_state = i + 1 == layout.pieces.count ? params.final_state : layout.carry;
-    intra_stage(p, piece, Products::kTf32, static_cast<unsigned>(p.B * (piece.piece_end - piece.piece_begin)), s);
-    side.follow(s);
-    launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, side.stream(), f4);
+    intra_stage(p, piece, products_for(p), static_cast<unsigned>(p.B * (piece.piece_end - piece.piece_begin)), s);
+    fork.follow();
+    launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, fork.stream(), f4);
   }
-  side.join(s);
+  fork.join();
 }
 
 }  // namespace
