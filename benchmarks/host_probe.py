@@ -3,7 +3,7 @@ as the benchmark times it (L2 flushed, the GPU idle, CUDA events around the call
 a GPU sleep that hides the host's work (the GPU span of the call's kernels), with the host time of
 the call itself. Medians of --reps calls, the two timings alternating.
 
-    python3 benchmarks/host_probe.py --impls ours --shapes B2_T16384_H16,B4_T2048_H16
+    python3 benchmarks/host_probe.py --impls ours,pieces --shapes B2_T16384_H16,B4_T2048_H16
 """
 
 import argparse
@@ -41,13 +41,15 @@ def probe(device: bench.Device, call, x, config, reps: int) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impls", default="ours", help="ours, fla or both, comma-separated")
+    p.add_argument("--impls", default="ours",
+                   help="ours, pieces (ours with forward_pieces=-1: docs/design.md, \"The forward in pieces\") or "
+                        "fla, comma-separated")
     p.add_argument("--shapes", default="B2_T16384_H16,B4_T2048_H16,B1_T8192_H96")
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
     device = bench.Device(torch.device("cuda"), 512)
     config = bench.CONFIGS["default"]
-    calls = {"ours": bench.ours_fn("auto", {})}
+    calls = {"ours": bench.ours_fn("auto", {}), "pieces": bench.ours_fn("auto", {"forward_pieces": -1})}
     if "fla" in args.impls:
         fla, reason = bench.fla_fn()
         if fla is None:
@@ -57,7 +59,7 @@ def main():
         x, _ = bench.make_inputs(shape, config, device.device, torch.bfloat16, 128, 0)
         for impl in args.impls.split(","):
             r = probe(device, calls[impl], x, config, args.reps)
-            print(f"{shape.name:16s} {impl:4s} timed {r['timed']:.3f} ms, GPU span {r['gpu_span']:.3f} ms, "
+            print(f"{shape.name:16s} {impl:6s} timed {r['timed']:.3f} ms, GPU span {r['gpu_span']:.3f} ms, "
                   f"host {r['host']:.3f} ms", flush=True)
 
 
