@@ -68,10 +68,11 @@ typedef struct fkt_options {
   int32_t disable_recompute;
   int32_t state_v_first;
   int32_t backend;                 /* enum fkt_backend */
-  /* How many pieces of its chunks the CUDA forward of dense inputs runs in, F4 of one piece beside
-   * F2 of the next (docs/design.md, "The forward in pieces"): 0 or 1, the whole call at once; 2 to
-   * FKT_MOST_FORWARD_PIECES, up to that many; -1, the planner's choice. Results are the same
-   * bits either way; other backends and calls ignore it. */
+  /* How many pieces of its chunks the CUDA forward of dense inputs runs in (docs/design.md, "The
+   * forward in pieces"): 0 or 1, the whole call at once; 2 to FKT_MOST_FORWARD_PIECES, up to that
+   * many, F4 of one piece beside F2 of the next, the same bits as the whole call; -1, the planner's
+   * choice, which may also run the pieces side by side from the states of an exact scan (results
+   * within fp32 rounding of the whole call's). Other backends and calls ignore it. */
   int32_t forward_pieces;
 } fkt_options;
 

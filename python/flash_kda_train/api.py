@@ -55,11 +55,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda"),
     ``forward_pieces`` and ``segment_size``.
 
-    ``forward_pieces`` (1 by default: the whole call at once; -1: the planner's choice; up to 16)
+    ``forward_pieces`` (1 by default: the whole call at once; up to 16; -1: the planner's choice)
     runs the CUDA forward of dense bfloat16 inputs with K = V = 128 and chunk_size 64 (without
-    disable_recompute) in that many pieces of its chunks, the state pass of a piece on a second stream beside the chunk kernel of the next: the
-    same bits, less time where the sequences x heads are few (docs/design.md, "The forward in
-    pieces"). Other calls and backends run whole.
+    disable_recompute) in that many pieces of its chunks, the state pass of a piece on a second
+    stream beside the chunk kernel of the next: the same bits, less time where the sequences x
+    heads are few. Where they are fewer still, the planner's choice may run the pieces side by side
+    from the states of an exact scan over their summaries (results within fp32 rounding of the
+    whole call's). docs/design.md, "The forward in pieces". Other calls and backends run whole.
 
     ``segment_size`` (tokens, a multiple of the chunk size) runs the op on consecutive segments of
     the tokens (of every batch row, or of the packed sequences), a sequence cut by a segment

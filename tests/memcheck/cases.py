@@ -1,6 +1,6 @@
 """Forward and backward of the CUDA backend on small shapes that reach every padding and tail path
 (odd head dims, chunk 32 and 64, ragged varlen packs, length-1 sequences, GVA, state layouts, head
-groups, time segments and sequence groups of the backward, the forward in pieces), and
+groups, time segments and sequence groups of the backward, the forward in pieces and in time slices), and
 the context-parallel summaries and fold on the same shapes, for compute-sanitizer
 (scripts/memcheck.sh). Exits non-zero if an output is not finite."""
 
@@ -26,6 +26,8 @@ CASES = [
     dict(B=2, T=1100, H=1, HV=2, K=128, V=128),
     # The same forward in three pieces of 6, 6 and 6 chunks (cuda/sm90/forward/pieces.hpp).
     dict(B=2, T=1100, H=1, HV=2, K=128, V=128, forward_pieces=3),
+    # Two time slices of 17 and 16 chunks, side by side from the fold of the first one's summary.
+    dict(B=1, T=2085, H=1, HV=2, K=128, V=128, forward_pieces=-1),
     # The backward on three sequence groups (cuda/sm90/sequence_groups.hpp) of 8, 11 and 10 chunks,
     # each giving an H200's 132 SMs a block (4 V-tiles x 36 value heads a sequence).
     dict(B=1, T=800, H=36, HV=36, K=64, V=128, cu_seqlens=[0, 1, 1, 200, 330, 500, 640, 800], chunk_size=32),

@@ -1,12 +1,14 @@
 """The CUDA forward in pieces (docs/design.md, "The forward in pieces"): F4 of one piece beside F2 of
 the next on a side stream gives the whole call's bits (o, the final state, what it saves for the
-backward, so the gradients too), in a CUDA graph as well, with the launches the plan says."""
+backward, so the gradients too), in a CUDA graph as well, with the launches the plan says; time
+slices, side by side from the states of an exact scan, give the whole call's results within fp32
+rounding."""
 
 import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import capture_graph, make_inputs, needs_cuda
+from kda_cases import capture_graph, make_inputs, needs_cuda, rel_rms
 
 pytestmark = needs_cuda
 
@@ -19,7 +21,7 @@ CASES = [
     (dict(B=2, T=1300, state_v_first=True), 5, 5),              # 5, 5, 5, 5, 1 chunks; segment starts inside
     (dict(B=3, T=130), 16, 3),                                  # more pieces asked than chunks: one each
     (dict(B=2, T=777, state=False, l2norm=True), 4, 4),         # 4, 4, 4, 1 chunks; no initial state
-    (dict(B=1, T=2048), -1, 2),                                 # the planner's: F4 on 4 blocks, 32 chunks
+    (dict(B=2, T=2048, H=12), -1, 2),                           # the planner's: F4 on 48 blocks, 32 chunks
     (dict(B=4, T=2048, H=16), -1, 1),                           # the planner's: F4 on 128 blocks, whole
 ]
 
@@ -47,6 +49,17 @@ def step(x, opts, pieces):
     torch.manual_seed(1)
     loss = (o.float() * torch.randn_like(o, dtype=torch.float32)).sum() + ht.square().sum()
     return [o.detach(), ht.detach(), *torch.autograd.grad(loss, wrt)]
+
+
+def workspace_bytes(x, opts, pieces):
+    """The forward's workspace as the library plans it."""
+    from flash_kda_train import _abi, _core
+
+    cfg, A_log, dt_bias = _abi.resolve(128, None, opts["use_qk_l2norm_in_kernel"], True, False, False, True, -5.0,
+                                       False, opts["state_v_first"],
+                                       dict(forward_pieces=pieces, A_log=x["A_log"], dt_bias=x["dt_bias"]))
+    inputs = _core.Inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log, dt_bias, x["initial_state"], None, None)
+    return _abi.Call(_core.TORCH, cfg, inputs).sizes().forward_workspace_bytes
 
 
 def launches(fn, name):
@@ -97,3 +110,33 @@ def test_pieces_in_a_cuda_graph_replayed_with_new_inputs():
     o_whole, ht_whole = forward(static, opts, 1)
     torch.cuda.synchronize()
     assert torch.equal(o_graph, o_whole) and torch.equal(ht_graph, ht_whole)
+
+
+# (case, the slices expected): F4's grid at most a quarter of the SMs (an H200's 132).
+SLICES = [
+    (dict(B=1, T=2048), 2),                                 # F4 on 4 blocks, 32 chunks
+    (dict(B=1, T=8229, HV=4), 8),                           # 129 chunks: 7 x 17 and 10; GVA; segment starts inside
+    (dict(B=2, T=3000, state_v_first=True), 2),             # 47 chunks: 24 and 23
+    (dict(B=1, T=4096, H=1, state=False, l2norm=True), 4),  # no initial state
+]
+
+
+@pytest.mark.parametrize("case,expected", SLICES, ids=[f"slices{i}" for i in range(len(SLICES))])
+def test_time_slices_match_the_whole_call(case, expected, poisoned):
+    """o, the final state and every gradient (the backward reads the segment states the slices
+    wrote) within fp32 rounding of the whole call's: the states entering the slices come from the
+    summaries' fold, summed in another order than the chunk-by-chunk pass."""
+    x, opts = inputs(case)
+    whole, sliced = step(x, opts, 1), step(x, opts, -1)
+    errors = [rel_rms(b, a) for a, b in zip(whole, sliced)]
+    assert all(not b.isnan().any() for b in sliced)
+    assert errors[0] < 1e-3 and errors[1] < 1e-4 and max(errors[2:]) < 1e-3, errors
+    with torch.no_grad():
+        counts = [launches(lambda: forward(x, opts, -1), kernel)
+                  for kernel in ("fwd_intra_kernel", "fwd_state_wgmma_kernel", "cp_fold_kernel")]
+    assert counts == [1, 2, 1]
+    # The plan's slices, by the workspace they add: each but the last slice's summary [N, HV, K, V + K]
+    # and entering state [N, HV, K, V], fp32.
+    N, HV = x["q"].shape[0], x["v"].shape[2]
+    added = workspace_bytes(x, opts, -1) - workspace_bytes(x, opts, 1)
+    assert added == (expected - 1) * N * HV * 128 * (128 + 2 * 128) * 4

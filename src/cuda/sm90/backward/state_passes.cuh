@@ -26,7 +26,7 @@ inline constexpr int kStatePassesBytes =
 __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
     state_passes_kernel(const __grid_constant__ StatePassesParams params) {
   static_assert(FwdStateWgmmaLayout<false>::kThreads == BwdStateWgmmaLayout::kThreads, "one block size");
-  if (blockIdx.z == 0) fwd_state_wgmma<float>(params.forward);
+  if (blockIdx.z == 0) fwd_state_wgmma<float>(params.forward, 0);
   else bwd_state_wgmma(params.backward);
 }
 

@@ -1,5 +1,6 @@
-// The fold of gathered context-parallel summaries (fkt_cp_fold): every state column evolves alone,
-// col <- X_r[:, V:] col + X_r[:, e], over ranks in order (forward) or last to first (backward).
+// The fold of gathered context-parallel summaries (fkt_cp_fold), and of the forward's time slices
+// (forward/pieces.hpp): every state column evolves alone, col <- X_r[:, V:] col + X_r[:, e], over
+// ranks in order (forward) or last to first (backward).
 #pragma once
 
 #include <cstddef>
@@ -27,8 +28,14 @@ __global__ void __launch_bounds__(FoldConfig::kThreads) cp_fold_kernel(const __g
   // Two [K, kTile] buffers: step i reads the column tile from buffer i % 2 and writes buffer 1 - i % 2.
   extern __shared__ float smem[];
   const auto buffer = [&](int64_t i) { return smem + (i % 2) * K * kTile; };
+  // Element (d, e0 + e) of a state of this head.
+  const auto at = [&](int d) {
+    return static_cast<int64_t>(head) * K * V +
+           (p.state_v_first ? static_cast<int64_t>(e0 + e) * K + d : static_cast<int64_t>(d) * V + e0 + e);
+  };
+  const int64_t state_elements = static_cast<int64_t>(p.HV) * K * V;
 
-  for (int d = group; d < K; d += kGroups) smem[d * kTile + e] = 0.f;
+  for (int d = group; d < K; d += kGroups) smem[d * kTile + e] = p.initial != nullptr && column ? p.initial[at(d)] : 0.f;
   __syncthreads();
   for (int64_t step = 0; step < p.count; ++step) {
     const int64_t r = p.backward ? p.first + p.count - 1 - step : p.first + step;
@@ -40,16 +47,13 @@ __global__ void __launch_bounds__(FoldConfig::kThreads) cp_fold_kernel(const __g
       float acc = column ? row[e0 + e] : 0.f;
       for (int f = 0; f < K; ++f) acc += row[V + f] * col[f * kTile + e];
       next[d * kTile + e] = acc;
+      if (p.after_each != nullptr && column) p.after_each[step * state_elements + at(d)] = acc;
     }
     __syncthreads();  // next is complete, and col is free for the step after
   }
-  if (!column) return;
+  if (!column || p.state == nullptr) return;
   const float* col = buffer(p.count);
-  float* out = p.state + static_cast<int64_t>(head) * K * V;
-  for (int d = group; d < K; d += kGroups) {
-    out[p.state_v_first ? static_cast<int64_t>(e0 + e) * K + d : static_cast<int64_t>(d) * V + e0 + e] =
-        col[d * kTile + e];
-  }
+  for (int d = group; d < K; d += kGroups) p.state[at(d)] = col[d * kTile + e];
 }
 
 }  // namespace fkt::cuda

@@ -26,9 +26,13 @@ void cp_fold(const float* summaries, int64_t HV, int64_t K, int64_t V, int64_t f
   params.backward = backward;
   params.state_v_first = state_v_first;
   const DeviceGuard device(device_id);
-  const unsigned tiles = static_cast<unsigned>((V + FoldConfig::kTile - 1) / FoldConfig::kTile);
-  launch(cp_fold_kernel, dim3(static_cast<unsigned>(HV), tiles), FoldConfig::kThreads,
-         FoldConfig::smem_bytes(static_cast<int>(K)), static_cast<cudaStream_t>(stream), params);
+  fold_states(params, stream);
+}
+
+void fold_states(const CpFoldParams& params, void* stream) {
+  const unsigned tiles = static_cast<unsigned>((params.V + FoldConfig::kTile - 1) / FoldConfig::kTile);
+  launch(cp_fold_kernel, dim3(static_cast<unsigned>(params.HV), tiles), FoldConfig::kThreads,
+         FoldConfig::smem_bytes(params.K), static_cast<cudaStream_t>(stream), params);
 }
 
 }  // namespace fkt::cuda

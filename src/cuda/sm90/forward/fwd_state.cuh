@@ -84,7 +84,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
       if (row0 + r < K && e < width) to[state_index(p, n, head, row0 + r, e0 + e)] = x;
     });
   };
-  int64_t segment_start = first_segment_start(p);
+  int64_t segment_start = first_segment_start(p, 0);
   for (int64_t j = 0; j < chunks; ++j) {
     const int l = rows_of(j);
     const int64_t chunk_row = seq.first_chunk + j;

@@ -37,7 +37,20 @@ struct FwdStateWgmmaParams {
   ForwardParams p;
   CUtensorMap w, k_down, u;  // W, K_down [B*T, HV, K] bf16; U [B*T, HV, V] fp32
   CUtensorMap q_up, P;       // with F5 inside: Q_up [B*T, HV, K], P [B*T, HV, C] bf16
+  // A forward in time slices (forward/pieces.hpp), slice z of a block passed in: `slices` slices of
+  // slice_chunks chunks of each sequence (none: 0); the states entering slices 1 on, each like
+  // initial_state; with SliceSummary, the summaries out.
+  int64_t slices, slice_chunks;
+  const float* slice_states;
+  float* summaries;
 };
+
+// The pass's variant that writes the summary of each time slice but the last (forward/pieces.hpp):
+// the affine map of the state entering the slice onto the state leaving it, [K, V + K] per (slice,
+// sequence, value head) of fp32 summaries [slices - 1, N, HV, K, V + K] (the layout of the
+// context-parallel summaries, which the fold reads): the slice's state from zero in columns 0 .. V - 1,
+// and from the identity with U = 0 in columns V .. V + K - 1. Nothing else is stored.
+struct SliceSummary {};
 
 // Shared memory, byte offsets from a 1024-byte aligned base: TMA boxes of 64 rows x 128 bytes,
 // W, K_down (and Q_up) in two column halves, U in two of 32 columns (and P in one); the tiles on
@@ -61,19 +74,23 @@ struct FwdStateWgmmaLayout {
 };
 
 // Stored: void, F5 inside the pass (ws.output_in_state_pass); float, the states and delta in fp32
-// (the backward's layout; at the common shape bf16 states come only with F5 inside). The block's
-// work, for fwd_state_wgmma_kernel and for the backward's state_passes_kernel; params: a kernel
-// parameter (its tensor maps are read by TMA where they are).
+// (the backward's layout; at the common shape bf16 states come only with F5 inside); SliceSummary.
+// The block's work in time slice `slice` (0 without slices), for fwd_state_wgmma_kernel and for
+// the backward's state_passes_kernel; params: a kernel parameter (its tensor maps are read by TMA
+// where they are).
 template <typename Stored>
-__device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& params) {
-  constexpr bool kOutput = std::is_void_v<Stored>;
-  static_assert(kOutput || std::is_same_v<Stored, float>, "o, or fp32 states and delta");
+__device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& params, int64_t slice) {
+  constexpr bool kOutput = std::is_void_v<Stored>, kStates = std::is_same_v<Stored, float>;
+  constexpr bool kSummary = std::is_same_v<Stored, SliceSummary>;
+  static_assert(kOutput || kStates || kSummary, "o, fp32 states and delta, or the slices' summaries");
   using L = FwdStateWgmmaLayout<kOutput>;
   constexpr int kThreads = L::kThreads, C = L::kC, K = L::kK, kTile = L::kTile, kBox = L::kBox;
   constexpr int V = CommonDims::v(ForwardParams{});
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K, "the common shape");
   const ForwardParams& p = params.p;
-  const WgmmaStateBlock<kTile> b(p);
+  const WgmmaStateBlock<kTile, kSummary ? V + K : V> b(p);
+  // A summary's tiles past V map the entering state: no U (zero), the identity to start from.
+  const bool reads_u = !kSummary || b.e0 < V;
   const int v0 = 16 * static_cast<int>(threadIdx.x / 32);  // the warp's first value column in the tile
   const bool leader = threadIdx.x == 0;
   extern __shared__ __align__(1024) char smem_raw[];
@@ -86,10 +103,10 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
   // its end belong to the next sequence (or read as zero past the tensor): delta's columns there are
   // zeroed below, and so are K_down's rows; o's columns there are not stored.
   auto issue_values = [&](int64_t j) {
-    mbarrier_expect_bytes(values_ready, L::kValueBytes);
+    mbarrier_expect_bytes(values_ready, reads_u ? L::kValueBytes : L::kValueBytes - 2 * kBox);
     for (int h = 0; h < 2; ++h) {
       tma_load(smem + L::w + h * kBox, params.w, values_ready, 64 * h, b.head, b.token(j));
-      tma_load(smem + L::u + h * kBox, params.u, values_ready, b.e0 + 32 * h, b.head, b.token(j));
+      if (reads_u) tma_load(smem + L::u + h * kBox, params.u, values_ready, b.e0 + 32 * h, b.head, b.token(j));
       if constexpr (kOutput) tma_load(smem + L::qu + h * kBox, params.q_up, values_ready, 64 * h, b.head, b.token(j));
     }
     bulk_load(smem + L::g_last, p.ws.g_last + (b.first_state + j * p.HV) * K, 4 * K, values_ready);
@@ -104,6 +121,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
   // U^T of the chunk from its tile (value column v0 + r, chunk row col): under the 128-byte swizzle
   // a warp's reads hit 32 different banks.
   auto load_u = [&](float(&acc)[C / 8][4]) {
+    if (!reads_u) return transform_acc(acc, [](int, int, float) { return 0.f; });
     transform_acc(acc, [&](int r, int col, float) {
       const int v = v0 + r, x = v % 32;
       return *reinterpret_cast<const float*>(smem + L::u + v / 32 * kBox + col * 128 + ((x / 4) ^ (col % 8)) * 16 +
@@ -111,13 +129,17 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     });
   };
 
+  // The state entering the block's chunks: a later slice's from the scan over the summaries, else
+  // the initial state (a piece's: the carry).
+  const int64_t state_elements = p.N * p.io_HV * static_cast<int64_t>(K) * V;
+  const float* const entering = slice > 0 ? params.slice_states + (slice - 1) * state_elements : p.initial_state;
   // S^T: value column v0 + r, state row 64h + col of s[h].
   float s[2][8][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     transform_acc(s[h], [&](int r, int col, float) {
-      return p.initial_state != nullptr ? p.initial_state[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)]
-                                        : 0.f;
+      if constexpr (kSummary) return b.e0 + v0 + r - V == 64 * h + col ? 1.f : 0.f;
+      return entering != nullptr ? entering[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] : 0.f;
     });
   }
   if (leader) {
@@ -125,8 +147,9 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     mbarrier_init(update_ready);
   }
   __syncthreads();
-  // The chunks of this launch: all the sequence's, or a piece's (ForwardParams::piece_begin).
-  const int64_t begin = p.piece_begin, end = min(b.chunks, p.piece_end);
+  // The block's chunks: all the sequence's, a piece's (ForwardParams::piece_begin) or a slice's.
+  const int64_t begin = p.piece_begin + slice * params.slice_chunks;
+  const int64_t end = min(b.chunks, params.slices > 1 ? begin + params.slice_chunks : p.piece_end);
   if (leader && begin < end) {
     issue_values(begin);
     issue_update(begin);
@@ -138,7 +161,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       for_each_acc(s[h], [&](int r, int col, float x) { to[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x; });
     }
   };
-  int64_t segment_start = first_segment_start(p);
+  int64_t segment_start = kSummary ? -1 : first_segment_start(p, begin);
   for (int64_t j = begin; j < end; ++j) {
     const int l = b.rows_of(j);
     const uint32_t parity = static_cast<uint32_t>((j - begin) & 1);
@@ -148,13 +171,13 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       store_state(segment_states_at(p, j));
       segment_start += p.segment_chunks;
     }
-    if (p.intermediate_states != nullptr) {
+    if (!kSummary && p.intermediate_states != nullptr) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         for_each_acc(s[h], [&](int r, int col, float x) { store_intermediate(p, base, 64 * h + col, b.e0 + v0 + r, x); });
       }
     }
-    if constexpr (!kOutput) {
+    if constexpr (kStates) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         for_each_acc(s[h], [&](int r, int col, float x) {
@@ -195,7 +218,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     SplitFragment da[C / 16];
 #pragma unroll
     for (int ks = 0; ks < C / 16; ++ks) da[ks] = a_fragment(d, ks);
-    if constexpr (!kOutput) {
+    if constexpr (kStates) {
       for_each_acc(d, [&](int r, int col, float x) {
         *reinterpret_cast<float*>(smem + L::out + L::Rows32::at(col, v0 + r)) = tf32_rounded(x);
       });
@@ -237,7 +260,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       }
     }
     wgmma_commit();
-    if constexpr (!kOutput) {  // while the products run: h_j and delta in whole rows
+    if constexpr (kStates) {  // while the products run: h_j and delta in whole rows
       store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::states,
                                             K, L::Rows32::cell);
       store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (b.first + j * b.step) * V + b.e0, 4 * p.HV * V,
@@ -261,13 +284,22 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       }
     }
   }
-  if (p.final_state != nullptr) store_state(p.final_state);
+  if constexpr (kSummary) {  // row d of the map: columns 0 .. V + K - 1
+    float* const to = params.summaries + ((slice * p.N + b.n) * p.io_HV + b.head) * static_cast<int64_t>(K) * (V + K);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      for_each_acc(s[h], [&](int r, int col, float x) { to[(64 * h + col) * (V + K) + b.e0 + v0 + r] = x; });
+    }
+  } else if (p.final_state != nullptr && slice + 1 >= params.slices) {
+    store_state(p.final_state);
+  }
 }
 
+// Grid z: the time slice (FwdStateWgmmaParams::slices), 0 without.
 template <typename Stored>
 __global__ void __launch_bounds__(FwdStateWgmmaLayout<std::is_void_v<Stored>>::kThreads, 2)
     fwd_state_wgmma_kernel(const __grid_constant__ FwdStateWgmmaParams params) {
-  fwd_state_wgmma<Stored>(params);
+  fwd_state_wgmma<Stored>(params, blockIdx.z);
 }
 
 }  // namespace fkt::cuda

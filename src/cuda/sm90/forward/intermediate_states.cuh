@@ -17,12 +17,12 @@ inline __device__ __noinline__ void store_intermediate(const ForwardParams& p, i
   store_float(p.intermediate_states, p.o_dtype, base + at, x);
 }
 
-// The first chunk from the launch's first (piece_begin) on that starts a time segment other than a
+// The first chunk from a block's first, `begin`, on that starts a time segment other than a
 // sequence's first, when segment_states is set, else none (-1): a state pass's chunk loop compares
 // its chunk with it and advances it by segment_chunks after a store (no division per chunk).
-__device__ __forceinline__ int64_t first_segment_start(const ForwardParams& p) {
+__device__ __forceinline__ int64_t first_segment_start(const ForwardParams& p, int64_t begin) {
   if (p.segment_states == nullptr) return -1;
-  const int64_t later = (p.piece_begin + p.segment_chunks - 1) / p.segment_chunks;  // segments starting at or after it
+  const int64_t later = (begin + p.segment_chunks - 1) / p.segment_chunks;  // segments starting at or after it
   return p.segment_chunks * (later > 1 ? later : 1);
 }
 

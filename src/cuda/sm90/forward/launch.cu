@@ -8,6 +8,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/common/device_guard.cuh"
 #include "cuda/common/side_stream.hpp"
+#include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/launch.cuh"
 #include "cuda/sm90/forward/chunk_offsets.cuh"
 #include "cuda/sm90/forward/fwd_intra.cuh"
@@ -25,12 +26,14 @@ namespace {
 constexpr int kMaxHeadDim = 128;  // shared-memory plan of the fp32 stage kernels
 
 // The forward's workspace: the stages' (with keep_forward laid out as the backward's, whose first part
-// the forward fills, T and the activated inputs included, for the backward to read), then the state
-// carried from piece to piece when it runs in pieces. One layout for sizing and for the run.
+// the forward fills, T and the activated inputs included, for the backward to read), then what its
+// pieces hand on (forward/pieces.hpp). One layout for sizing and for the run.
 struct ForwardLayout {
   ForwardWorkspace ws;
   ForwardPieces pieces;
-  float* carry;  // like initial_state, fp32; with pieces only
+  float* carry;         // pieces one after another: like initial_state, fp32
+  float* summaries;     // time slices: [slices - 1, N, HV, K, V + K] fp32 (SliceSummary)
+  float* slice_states;  // time slices: the states entering slices 1 on, each like initial_state
 };
 
 ForwardLayout carve_forward(Carver& m, const Problem& p) {
@@ -40,7 +43,13 @@ ForwardLayout carve_forward(Carver& m, const Problem& p) {
   layout.pieces = forward_pieces(p, layout.ws, static_cast<int64_t>(f4.x) * f4.y);
   // forward_workspace_bytes sizes keep_forward's layout as the backward's, which has no carry.
   FKT_CHECK(!p.keep_forward || layout.pieces.count == 1) << "internal: pieces with the forward's workspace kept";
-  if (layout.pieces.count > 1) layout.carry = m.take<float>(segment_state_elements(p));
+  const int64_t states = segment_state_elements(p);
+  if (layout.pieces.slices) {
+    layout.summaries = m.take<float>((layout.pieces.count - 1) * states / p.V * (p.V + p.K));
+    layout.slice_states = m.take<float>((layout.pieces.count - 1) * states);
+  } else if (layout.pieces.count > 1) {
+    layout.carry = m.take<float>(states);
+  }
   return layout;
 }
 
@@ -142,6 +151,43 @@ void forward_in_pieces(const Problem& p, const ForwardParams& params, const Forw
     launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, fork.stream(), f4);
   }
   fork.join();
+}
+
+// F2 of every chunk, the summaries of the time slices but the last, the fold of the summaries into
+// the state entering each slice, and F4 (F5 inside) of every slice at once (forward/pieces.hpp).
+void forward_in_slices(const Problem& p, const ForwardParams& params, const ForwardLayout& layout, cudaStream_t s) {
+  FKT_CHECK(params.ws.output_in_state_pass) << "internal: time slices without F5 inside F4";
+  forward_local_stages(p, params, products_for(p), s);
+  const DeviceGuard device(p.device.device_id);
+  const int64_t slices = layout.pieces.count;
+  FwdStateWgmmaParams f4 = fwd_state_wgmma_params(p, params);
+  f4.slices = slices;
+  f4.slice_chunks = layout.pieces.chunks;
+  f4.slice_states = layout.slice_states;
+  f4.summaries = layout.summaries;
+  using LS = FwdStateWgmmaLayout<false>;
+  const auto summary = fwd_state_wgmma_kernel<SliceSummary>;
+  prefer_max_shared(summary);
+  dim3 grid = state_pass_grid(p, LS::kTile);
+  grid.x = static_cast<unsigned>(p.N * ceil_div(p.V + p.K, static_cast<int64_t>(LS::kTile)));
+  grid.z = static_cast<unsigned>(slices - 1);
+  launch(summary, grid, LS::kThreads, LS::launch_bytes, s, f4);
+  CpFoldParams fold{};
+  fold.summaries = layout.summaries;
+  fold.initial = params.initial_state;
+  fold.after_each = layout.slice_states;
+  fold.count = slices - 1;
+  fold.HV = static_cast<int32_t>(p.N * p.HV);
+  fold.K = static_cast<int32_t>(p.K);
+  fold.V = static_cast<int32_t>(p.V);
+  fold.state_v_first = p.state_v_first;
+  fold_states(fold, s);
+  using L = FwdStateWgmmaLayout<true>;
+  const auto kernel = fwd_state_wgmma_kernel<void>;
+  prefer_max_shared(kernel);
+  grid = state_pass_grid(p, L::kTile);
+  grid.z = static_cast<unsigned>(slices);
+  launch(kernel, grid, L::kThreads, L::launch_bytes, s, f4);
 }
 
 }  // namespace
@@ -247,6 +293,7 @@ void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
       params.segment_chunks = segments.length / p.chunk;
     }
   }
+  if (layout.pieces.slices) return forward_in_slices(p, params, layout, static_cast<cudaStream_t>(stream));
   if (layout.pieces.count > 1) return forward_in_pieces(p, params, layout, static_cast<cudaStream_t>(stream));
   forward_stages(p, params, products_for(p), stream);
 }

@@ -1,5 +1,6 @@
 // Where a block of a wgmma state pass (fwd_state_wgmma, bwd_state_wgmma) works, at the common shape
-// (C = 64, K = V = 128): grid x = sequence * (V / kTile) + V-tile, y = value head.
+// (C = 64, K = V = 128): grid x = sequence * (kColumns / kTile) + column tile, y = value head. The
+// columns are the state's V, or V + K for the summaries of time slices (forward/pieces.hpp).
 #pragma once
 
 #include <cstdint>
@@ -10,11 +11,11 @@
 
 namespace fkt::cuda {
 
-template <int kTile>
+template <int kTile, int kColumns = CommonDims::v(ForwardParams{})>
 struct WgmmaStateBlock {
   static constexpr int kC = CommonDims::chunk(ForwardParams{}), kV = CommonDims::v(ForwardParams{});
-  static constexpr int kTiles = kV / kTile;
-  static_assert(kV % kTile == 0, "whole V-tiles");
+  static constexpr int kTiles = kColumns / kTile;
+  static_assert(kColumns % kTile == 0, "whole column tiles");
   int64_t n;            // the sequence
   int head, e0;         // the value head, the V-tile's first column
   SequenceSpan seq;
