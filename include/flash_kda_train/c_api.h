@@ -7,9 +7,11 @@
  * Every function returns 0 on success. On failure it returns non-zero and fkt_last_error()
  * (per thread) holds "file:line: message" naming the argument, what was given and what is
  * expected. No function allocates device memory, synchronizes or copies to the host after
- * fkt_plan_sizes: callers own outputs and the workspace. The backward recomputes what it needs from
- * the inputs; what passes from fkt_forward to fkt_backward besides them is `saved` (fkt_sizes
- * .saved_bytes, when not 0), or the forward's workspace itself with backward_reads_forward_workspace.
+ * fkt_plan_sizes: callers own outputs and the workspace, which overlap no input (the CUDA forward
+ * in time slices refuses a final_state that overlaps initial_state, which it reads meanwhile). The
+ * backward recomputes what it needs from the inputs; what passes from fkt_forward to fkt_backward
+ * besides them is `saved` (fkt_sizes.saved_bytes, when not 0), or the forward's workspace itself
+ * with backward_reads_forward_workspace.
  */
 #ifndef FLASH_KDA_TRAIN_C_API_H_
 #define FLASH_KDA_TRAIN_C_API_H_

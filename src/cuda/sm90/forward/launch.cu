@@ -157,6 +157,13 @@ void forward_in_pieces(const Problem& p, const ForwardParams& params, const Forw
 // the state entering each slice, and F4 (F5 inside) of every slice at once (forward/pieces.hpp).
 void forward_in_slices(const Problem& p, const ForwardParams& params, const ForwardLayout& layout, cudaStream_t s) {
   FKT_CHECK(params.ws.output_in_state_pass) << "internal: time slices without F5 inside F4";
+  // The last slice's blocks write the final state while the first slice's read the initial state.
+  const auto* in = reinterpret_cast<const char*>(params.initial_state);
+  const auto* out = reinterpret_cast<const char*>(params.final_state);
+  const int64_t state_bytes = static_cast<int64_t>(sizeof(float)) * segment_state_elements(p);
+  FKT_CHECK(in == nullptr || out == nullptr || out + state_bytes <= in || in + state_bytes <= out)
+      << "final_state: overlaps initial_state, which the forward in time slices (forward_pieces=-1) reads while "
+         "it writes the final state; pass a separate final_state";
   forward_local_stages(p, params, products_for(p), s);
   const DeviceGuard device(p.device.device_id);
   const int64_t slices = layout.pieces.count;

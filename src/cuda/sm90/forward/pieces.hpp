@@ -45,7 +45,9 @@ constexpr int64_t kPlannedPieces = 4, kLeastPlannedPieceChunks = 16, kMostSlices
 inline ForwardPieces forward_pieces(const Problem& p, const ForwardWorkspace& ws, int64_t f4_blocks) {
   const int64_t chunks = ceil_div(p.T, p.chunk);
   const ForwardPieces whole{1, chunks};
-  if (p.varlen || !ws.output_in_state_pass || p.forward_pieces == 0 || p.forward_pieces == 1) return whole;
+  if (p.varlen || !ws.output_in_state_pass || p.forward_pieces == 0 || p.forward_pieces == 1 || f4_blocks == 0) {
+    return whole;
+  }
   int64_t wanted = p.forward_pieces;
   bool slices = false;
   if (wanted < 0) {
