@@ -158,10 +158,9 @@ void forward_in_pieces(const Problem& p, const ForwardParams& params, const Forw
 void forward_in_slices(const Problem& p, const ForwardParams& params, const ForwardLayout& layout, cudaStream_t s) {
   FKT_CHECK(params.ws.output_in_state_pass) << "internal: time slices without F5 inside F4";
   // The last slice's blocks write the final state while the first slice's read the initial state.
-  const auto* in = reinterpret_cast<const char*>(params.initial_state);
-  const auto* out = reinterpret_cast<const char*>(params.final_state);
-  const int64_t state_bytes = static_cast<int64_t>(sizeof(float)) * segment_state_elements(p);
-  FKT_CHECK(in == nullptr || out == nullptr || out + state_bytes <= in || in + state_bytes <= out)
+  const auto in = reinterpret_cast<uintptr_t>(params.initial_state), out = reinterpret_cast<uintptr_t>(params.final_state);
+  const auto state_bytes = static_cast<uintptr_t>(sizeof(float) * segment_state_elements(p));
+  FKT_CHECK(in == 0 || out == 0 || out + state_bytes <= in || in + state_bytes <= out)
       << "final_state: overlaps initial_state, which the forward in time slices (forward_pieces=-1) reads while "
          "it writes the final state; pass a separate final_state";
   forward_local_stages(p, params, products_for(p), s);
