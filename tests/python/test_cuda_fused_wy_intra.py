@@ -46,11 +46,13 @@ def kernels(fn):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_fused_wy_intra_gives_the_two_kernels_bits(case, monkeypatch, poisoned):
-    apart = step(case)
+    monkeypatch.delenv("FKT_FUSED_WY_INTRA", raising=False)
+    apart, launched_apart = step(case), kernels(lambda: step(case))
     monkeypatch.setenv("FKT_FUSED_WY_INTRA", "1")
-    fused = step(case)
+    fused, launched_fused = step(case), kernels(lambda: step(case))
     for a, b in zip(apart, fused):
         assert not b.isnan().any() and torch.equal(a, b)
-    launched = kernels(lambda: step(case))
-    assert launched["bwd_wy_intra_kernel"] >= 1 and launched["bwd_wy_inter_kernel"] == 0, launched
-    assert launched["bwd_intra_kernel"] == 0, launched
+    assert launched_apart["bwd_wy_intra_kernel"] == 0 and launched_apart["bwd_wy_inter_kernel"] >= 1, launched_apart
+    assert launched_apart["bwd_intra_kernel"] >= 1, launched_apart
+    assert launched_fused["bwd_wy_intra_kernel"] >= 1 and launched_fused["bwd_wy_inter_kernel"] == 0, launched_fused
+    assert launched_fused["bwd_intra_kernel"] == 0, launched_fused

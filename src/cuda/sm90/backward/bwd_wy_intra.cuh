@@ -1,8 +1,8 @@
 // B3 and B4 in one kernel (docs/design.md, "The floor in bytes"): a block runs B3's work on its
 // chunk and value head, then B4's on the same, in the same shared memory. B4 reads back what B3
 // wrote a moment before in the same block (the dq, dk, dgamma and dbeta partials, dA), which L2 still
-// holds, and q, k, gamma and dP, which B3's reads of them may have left there: the bytes between the
-// two kernels' launches that DRAM no longer carries. The instance of bf16 products, a bf16 dO and
+// holds, and q, k and gamma, which B3's reads of them may have left there: the bytes between the two
+// kernels' launches that DRAM no longer carries. The instance of bf16 products, a bf16 dO and
 // 16-bit q and k at the common shape, with B3's products with the states on wgmma; chosen only where
 // FKT_FUSED_WY_INTRA=1 (backward/launch.cu) until it has run on a GPU. Same operations in the same
 // order as the two kernels: the same bits.
@@ -18,10 +18,10 @@ namespace fkt::cuda {
 // B4 with B3's sixteen warps, its layout from the base of the shared memory, which B3 has finished
 // with at the barrier between them, below B3's mbarriers (so their memory never holds data).
 using FusedIntraLayout = BwdIntraLayout<__nv_bfloat16, WyInterConfig::kThreads / 32>;
-constexpr int kWyIntraBytes = static_cast<int>(
-    sizeof(float) * WyInterLayout(64, 128, 128, true).floats + WyInterLayout::kAlign);
-static_assert(FusedIntraLayout(64, 128).bytes <= 4 * WyInterLayout(64, 128, 128, true).bars,
-              "B4's layout below B3's mbarriers");
+inline constexpr int kFusedC = CommonDims::chunk(ForwardParams{}), kFusedK = CommonDims::k(ForwardParams{});
+inline constexpr WyInterLayout kFusedWyInter(kFusedC, kFusedK, CommonDims::v(ForwardParams{}), true);
+inline constexpr int kWyIntraBytes = static_cast<int>(sizeof(float) * kFusedWyInter.floats + WyInterLayout::kAlign);
+static_assert(FusedIntraLayout(kFusedC, kFusedK).bytes <= 4 * kFusedWyInter.bars, "B4's layout below B3's mbarriers");
 
 template <bool kScaled>
 __global__ void __launch_bounds__(WyInterConfig::kThreads)

@@ -202,6 +202,7 @@ template <Products kP, typename Dims, typename DoT, typename Qk, bool kScaled>
 void wy_and_intra_passes(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
   if constexpr (kBf16DoAtCommonShape<Dims, DoT> && std::is_same_v<Qk, __nv_bfloat16>) {
+    static_assert(kP == Products::kTf32, "the common shape comes with bf16 products only (with_dims)");
     if (fused_wy_intra_asked() && backward_state_on_wgmma(params)) {
       const auto kernel = bwd_wy_intra_kernel<kScaled>;
       prefer_max_shared(kernel);
