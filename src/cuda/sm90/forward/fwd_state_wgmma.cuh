@@ -37,10 +37,10 @@ struct FwdStateWgmmaParams {
   ForwardParams p;
   CUtensorMap w, k_down, u;  // W, K_down [B*T, HV, K] bf16; U [B*T, HV, V] fp32
   CUtensorMap q_up, P;       // with F5 inside: Q_up [B*T, HV, K], P [B*T, HV, C] bf16
-  // A forward in time slices (forward/pieces.hpp), slice z of a block passed in: `slices` slices of
-  // slice_chunks chunks of each sequence (none: 0); the states entering slices 1 on, each like
-  // initial_state; with SliceSummary, the summaries out.
-  int64_t slices, slice_chunks;
+  // A forward in time slices (forward/pieces.hpp), slice z of a block passed in: `slices` slices
+  // (none: 0) of p.piece_end chunks of each sequence (p.piece_begin 0), the states entering slices 1
+  // on, each like initial_state; with SliceSummary, the summaries out.
+  int64_t slices;
   const float* slice_states;
   float* summaries;
 };
@@ -147,9 +147,10 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     mbarrier_init(update_ready);
   }
   __syncthreads();
-  // The block's chunks: all the sequence's, a piece's (ForwardParams::piece_begin) or a slice's.
-  const int64_t begin = p.piece_begin + slice * params.slice_chunks;
-  const int64_t end = min(b.chunks, params.slices > 1 ? begin + params.slice_chunks : p.piece_end);
+  // The block's chunks: all the sequence's (piece_end kNoPieceEnd, slice 0), a piece's, or slice z's,
+  // the slices' span being the first piece's.
+  const int64_t span = p.piece_end - p.piece_begin;
+  const int64_t begin = p.piece_begin + slice * span, end = min(b.chunks, begin + span);
   if (leader && begin < end) {
     issue_values(begin);
     issue_update(begin);

@@ -58,6 +58,20 @@ struct TypeTag {
   using type = T;
 };
 
+// F4 on wgmma (fwd_state_wgmma_kernel<Stored>): a block per (sequence, 64-column tile of `columns`
+// state columns, value head) and time slice (`slices` along z) on `s`.
+template <typename Stored>
+void state_wgmma_launch(const Problem& p, const FwdStateWgmmaParams& args, int64_t columns, int64_t slices,
+                        cudaStream_t s) {
+  using L = FwdStateWgmmaLayout<std::is_void_v<Stored>>;
+  const auto kernel = fwd_state_wgmma_kernel<Stored>;
+  prefer_max_shared(kernel);
+  dim3 grid = state_pass_grid(p, L::kTile);
+  grid.x = static_cast<unsigned>(p.N * ceil_div(columns, L::kTile));
+  grid.z = static_cast<unsigned>(slices);
+  launch(kernel, grid, L::kThreads, L::launch_bytes, s, args);
+}
+
 // F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
 // registers (fwd_state_wgmma), else the mma.sync pass. With ws.output_in_state_pass the wgmma pass
 // writes o (F5) and keeps the states on chip. At the common shape it always runs on wgmma: B3's
@@ -67,11 +81,7 @@ template <Products kP, typename Dims>
 void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims>) {
     auto wgmma_pass = [&](auto stored) {  // TypeTag<the kernel's Stored>, which may be void
-      using Stored = typename decltype(stored)::type;
-      using L = FwdStateWgmmaLayout<std::is_void_v<Stored>>;
-      const auto kernel = fwd_state_wgmma_kernel<Stored>;
-      prefer_max_shared(kernel);
-      launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s, fwd_state_wgmma_params(p, params));
+      state_wgmma_launch<typename decltype(stored)::type>(p, fwd_state_wgmma_params(p, params), p.V, 1, s);
     };
     if (params.ws.output_in_state_pass) return wgmma_pass(TypeTag<void>{});
     // At the common shape bf16 states come with output_in_state_pass only (ForwardWorkspace::carve).
@@ -136,9 +146,6 @@ void forward_in_pieces(const Problem& p, const ForwardParams& params, const Forw
   FKT_CHECK(params.ws.output_in_state_pass) << "internal: pieces without F5 inside F4";
   const DeviceGuard device(p.device.device_id);
   Fork fork(SideStream::current(), s);
-  using L = FwdStateWgmmaLayout<true>;
-  const auto kernel = fwd_state_wgmma_kernel<void>;
-  prefer_max_shared(kernel);
   FwdStateWgmmaParams f4 = fwd_state_wgmma_params(p, params);
   ForwardParams& piece = f4.p;
   for (int64_t i = 0; i < layout.pieces.count; ++i) {
@@ -148,7 +155,7 @@ void forward_in_pieces(const Problem& p, const ForwardParams& params, const Forw
     piece.final_state = i + 1 == layout.pieces.count ? params.final_state : layout.carry;
     intra_stage(p, piece, products_for(p), static_cast<unsigned>(p.B * (piece.piece_end - piece.piece_begin)), s);
     fork.follow();
-    launch(kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, fork.stream(), f4);
+    state_wgmma_launch<void>(p, f4, p.V, 1, fork.stream());
   }
   fork.join();
 }
@@ -167,17 +174,11 @@ void forward_in_slices(const Problem& p, const ForwardParams& params, const Forw
   const DeviceGuard device(p.device.device_id);
   const int64_t slices = layout.pieces.count;
   FwdStateWgmmaParams f4 = fwd_state_wgmma_params(p, params);
+  f4.p.piece_end = layout.pieces.chunks;  // slice z: chunks z * piece_end on (fwd_state_wgmma)
   f4.slices = slices;
-  f4.slice_chunks = layout.pieces.chunks;
   f4.slice_states = layout.slice_states;
   f4.summaries = layout.summaries;
-  using LS = FwdStateWgmmaLayout<false>;
-  const auto summary = fwd_state_wgmma_kernel<SliceSummary>;
-  prefer_max_shared(summary);
-  dim3 grid = state_pass_grid(p, LS::kTile);
-  grid.x = static_cast<unsigned>(p.N * ceil_div(p.V + p.K, static_cast<int64_t>(LS::kTile)));
-  grid.z = static_cast<unsigned>(slices - 1);
-  launch(summary, grid, LS::kThreads, LS::launch_bytes, s, f4);
+  state_wgmma_launch<SliceSummary>(p, f4, p.V + p.K, slices - 1, s);
   CpFoldParams fold{};
   fold.summaries = layout.summaries;
   fold.initial = params.initial_state;
@@ -188,12 +189,7 @@ void forward_in_slices(const Problem& p, const ForwardParams& params, const Forw
   fold.V = static_cast<int32_t>(p.V);
   fold.state_v_first = p.state_v_first;
   fold_states(fold, s);
-  using L = FwdStateWgmmaLayout<true>;
-  const auto kernel = fwd_state_wgmma_kernel<void>;
-  prefer_max_shared(kernel);
-  grid = state_pass_grid(p, L::kTile);
-  grid.z = static_cast<unsigned>(slices);
-  launch(kernel, grid, L::kThreads, L::launch_bytes, s, f4);
+  state_wgmma_launch<void>(p, f4, p.V, slices, s);
 }
 
 }  // namespace

@@ -41,7 +41,8 @@ struct ForwardParams {
   // The chunks of every sequence that this launch of F2 and F4 takes, [piece_begin, piece_end): all
   // of them (0, kNoPieceEnd) but in a forward in pieces (forward/pieces.hpp, dense inputs only),
   // where F4 starts from initial_state and leaves its state in final_state, both the pieces' carry
-  // between pieces.
+  // between pieces. In time slices, F4's slice z takes the z-th span of that length
+  // (FwdStateWgmmaParams::slices).
   int64_t piece_begin, piece_end;
   int32_t H, HV, K, V, chunk;
   // Heads between the token rows of the inputs as given (q, k: io_H; v, beta, g, the states:
