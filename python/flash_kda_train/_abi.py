@@ -33,9 +33,9 @@ class Config:
     disable_recompute: bool = False
     state_v_first: bool = False
     backend: str = "auto"
-    # fkt_options.forward_pieces (c_api.h): the whole call at once until the pieces have run on the
-    # GPU (docs/design.md, "The forward in pieces").
-    forward_pieces: int = 1
+    # fkt_options.forward_pieces (c_api.h): the planner's choice (docs/design.md, "The forward in
+    # pieces").
+    forward_pieces: int = -1
 
     def options(self) -> _lib.Options:
         """The C ABI's options (read-only there: one struct per Config, built on first use)."""

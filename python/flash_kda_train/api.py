@@ -55,7 +55,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     (deprecated alias of ``state_v_first``), ``backend`` ("auto", "cpu" or "cuda"),
     ``forward_pieces`` and ``segment_size``.
 
-    ``forward_pieces`` (1 by default: the whole call at once; up to 16; -1: the planner's choice)
+    ``forward_pieces`` (-1 by default: the planner's choice; 0 or 1: the whole call at once; up to 16)
     runs the CUDA forward of dense bfloat16 inputs with K = V = 128 and chunk_size 64 (without
     disable_recompute) in that many pieces of its chunks, the state pass of a piece on a second
     stream beside the chunk kernel of the next: the same bits, less time where the sequences x

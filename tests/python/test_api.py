@@ -80,7 +80,7 @@ def test_resolved_options_are_shared_only_by_the_same_arguments():
     assert other is not first and other.scale == 0.5 and other.options().scale == 0.5
     assert resolve(chunk_size=1).chunk_size == 1  # the library refuses it, by value
     pieces = resolve(chunk_size=32, forward_pieces=4)
-    assert pieces is not first and pieces.options().forward_pieces == 4 and first.options().forward_pieces == 1
+    assert pieces is not first and pieces.options().forward_pieces == 4 and first.options().forward_pieces == -1
     with pytest.raises(ValueError, match="chunk_size: expected an integer"):
         resolve(chunk_size=True)  # equal to 1 as a key, but a bool
     tensor_scale = torch.tensor(0.25)

@@ -31,11 +31,10 @@ struct BwdIntraConfig {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kCols = 32;  // columns of K per warp
   static constexpr int kLdScratch = kCols + 4;
-  __host__ __device__ static constexpr int padded(int x) { return round_up<32>(x); }
+  __host__ __device__ static int padded(int x) { return round_up<32>(x); }
 };
 
-// Shared memory, offsets in bytes, for a block of kWarps warps (its own kernel's, or those of B3's
-// block in bwd_wy_intra_kernel). Row strides: 4 words (mod 32) for q, k and gamma (read as (row
+// Shared memory, offsets in bytes. Row strides: 4 words (mod 32) for q, k and gamma (read as (row
 // t, column g) B fragments and by rows; a 16-bit row of Kp + 8 elements is 4 words (mod 32) when Kp
 // is a multiple of 64, and two lanes reading one word do not conflict), 8 (mod 32) for the dP / dA
 // array (read both ways as A fragments). That array holds dP on and below the diagonal and dA,
@@ -43,12 +42,12 @@ struct BwdIntraConfig {
 // a sub-chunk read by rows: they keep their rows in an array of their own (read by columns, each
 // load took its own address and the registers spilled). dA is staged in the scratch tiles first,
 // free until the tasks.
-template <typename Qk, int kWarps = BwdIntraConfig<Qk>::kWarps>
+template <typename Qk>
 struct BwdIntraLayout {
-  int ldk = 0, ldg = 0, ldc = 0;  // elements: q and k (Qk), gamma and the dP / dA array (fp32)
-  int q = 0, k = 0, g = 0, pa = 0, da = 0, beta = 0, scale_q = 0, scale_k = 0, part = 0, scratch = 0, bytes = 0;
+  int ldk, ldg, ldc;  // elements: q and k (Qk), gamma and the dP / dA array (fp32)
+  int q, k, g, pa, da, beta, scale_q, scale_k, part, scratch, bytes;
 
-  __host__ __device__ constexpr BwdIntraLayout(int C, int K) {
+  __host__ __device__ BwdIntraLayout(int C, int K) {
     using Cfg = BwdIntraConfig<Qk>;
     constexpr int kQk = sizeof(Qk);
     const int Kp = Cfg::padded(K);
@@ -65,7 +64,7 @@ struct BwdIntraLayout {
     scale_k = scale_q + C * 4;         // [C]
     part = scale_k + C * 4;            // [Kp / kCols, C] sum_d k dk_rows over each warp's columns
     scratch = part + Kp / Cfg::kCols * C * 4;  // [kWarps, 16, kLdScratch], dA [C, ldc] before
-    const int tiles = kWarps * 16 * Cfg::kLdScratch * 4, staged = C * ldc * 4;
+    const int tiles = Cfg::kWarps * 16 * Cfg::kLdScratch * 4, staged = C * ldc * 4;
     bytes = scratch + (tiles > staged ? tiles : staged);
   }
 };
@@ -100,19 +99,19 @@ __device__ __forceinline__ void sum_over_lanes(float (&x)[16]) {
 }
 
 // kScaled: use_qk_l2norm_in_kernel (the row scales exist). Without it the kernel multiplies by
-// nothing: scales of 1 cost it registers (ptxas spilled 32 bytes) and 8% of its time. The block's
-// work on chunk `chunk` of value head blockIdx.y with kWarps warps in shared memory `smem_bytes`
-// (BwdIntraLayout<Qk, kWarps>), for bwd_intra_kernel and bwd_wy_intra_kernel.
-template <Products kP, typename Dims, typename Qk, bool kScaled, int kWarps>
-__device__ __forceinline__ void intra_block(const BackwardParams& p, int64_t chunk, char* smem_bytes) {
+// nothing: scales of 1 cost it registers (ptxas spilled 32 bytes) and 8% of its time.
+template <Products kP, typename Dims, typename Qk, bool kScaled>
+__global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Qk>::kMinBlocks)
+    bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
   using Cfg = BwdIntraConfig<Qk>;
   constexpr int kCols = Cfg::kCols, kN = kCols / 8;
   const ForwardParams& f = p.fwd;
-  const ChunkSpan c = chunk_span(f, chunk);
+  const ChunkSpan c = chunk_span(f, blockIdx.x);
   const int head = blockIdx.y, C = Dims::chunk(f), K = Dims::k(f), l = static_cast<int>(c.rows);
   const int Kp = Cfg::padded(K);
-  const BwdIntraLayout<Qk, kWarps> L(C, K);
+  const BwdIntraLayout<Qk> L(C, K);
   const int ldk = L.ldk, ldg = L.ldg, ldc = L.ldc;
+  extern __shared__ __align__(16) char smem_bytes[];
   Qk* q = reinterpret_cast<Qk*>(smem_bytes + L.q);
   Qk* k = reinterpret_cast<Qk*>(smem_bytes + L.k);
   float* g = reinterpret_cast<float*>(smem_bytes + L.g);
@@ -179,7 +178,7 @@ __device__ __forceinline__ void intra_block(const BackwardParams& p, int64_t chu
   __syncthreads();
 
   const int groups = Kp / kCols;
-  for (int task = warp; task < ceil_div(l, 16) * groups; task += kWarps) {
+  for (int task = warp; task < ceil_div(l, 16) * groups; task += Cfg::kWarps) {
     const int R0 = task / groups * 16, c0 = task % groups * kCols, last = R0 + 15;
     const bool has_cols = last + 1 < l;  // a row past the sub-chunk holds a token
     const int gq = lane / 4, t = lane % 4;
@@ -312,13 +311,6 @@ __device__ __forceinline__ void intra_block(const BackwardParams& p, int64_t chu
     for (int group = 0; group < groups; ++group) sum += part[group * C + r];
     p.ws.dbeta[row_at(r)] += sum;
   }
-}
-
-template <Products kP, typename Dims, typename Qk, bool kScaled>
-__global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Qk>::kMinBlocks)
-    bwd_intra_kernel(const __grid_constant__ BackwardParams p) {
-  extern __shared__ __align__(16) char smem_bytes[];
-  intra_block<kP, Dims, Qk, kScaled, BwdIntraConfig<Qk>::kWarps>(p, blockIdx.x, smem_bytes);
 }
 
 }  // namespace fkt::cuda

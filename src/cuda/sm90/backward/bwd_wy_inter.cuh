@@ -92,12 +92,10 @@ static_assert(64 * 128 / 4 <= WyInterConfig::kCellsPerThread * WyInterConfig::kT
 static_assert(sizeof(float) * WyInterLayout(64, 128, 128, true).floats + WyInterLayout::kAlign <= 227 * 1024,
               "B3 with the state tiles fits an SM's shared memory");
 
-// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32. The block's work
-// on chunk blockIdx.x of value head blockIdx.y in shared memory `wy_inter_smem` (WyInterLayout),
-// for bwd_wy_inter_kernel and bwd_wy_intra_kernel; params: a kernel parameter (its tensor maps are
-// read by TMA where they are).
+// DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
 template <Products kP, typename Dims, typename DoT>
-__device__ __forceinline__ void wy_inter_block(const WyInterParams& params, char* wy_inter_smem) {
+__global__ void __launch_bounds__(WyInterConfig::kThreads)
+    bwd_wy_inter_kernel(const __grid_constant__ WyInterParams params) {
   constexpr int kTile = WyInterConfig::kTileV;
   constexpr bool kStateWgmma = kBf16DoAtCommonShape<Dims, DoT>;
   const BackwardParams& p = params.p;
@@ -109,6 +107,7 @@ __device__ __forceinline__ void wy_inter_block(const WyInterParams& params, char
   const WyInterLayout L(C, K, V, kStateWgmma);
   const int ldb = L.ldb, lds = L.lds, ldt = L.ldt, ldv = L.ldv;
   static_assert(!kStateWgmma || WyInterStateTiles::kThreads == WyInterConfig::kThreads, "four warpgroups");
+  extern __shared__ __align__(1024) char wy_inter_smem[];
   float* const smem =
       reinterpret_cast<float*>(kStateWgmma ? align_shared<WyInterLayout::kAlign>(wy_inter_smem) : wy_inter_smem);
   float* B0 = smem + L.b0;  // dO S^T, then Y_w = T^T dW, then dT
@@ -410,13 +409,6 @@ __device__ __forceinline__ void wy_inter_block(const WyInterParams& params, char
       if (row < l) p.ws.dA[row_at(row) * C + col] = col < row ? -x : 0.f;
     });
   }
-}
-
-template <Products kP, typename Dims, typename DoT>
-__global__ void __launch_bounds__(WyInterConfig::kThreads)
-    bwd_wy_inter_kernel(const __grid_constant__ WyInterParams params) {
-  extern __shared__ __align__(1024) char wy_inter_smem[];
-  wy_inter_block<kP, Dims, DoT>(params, wy_inter_smem);
 }
 
 }  // namespace fkt::cuda

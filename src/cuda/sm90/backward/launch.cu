@@ -4,8 +4,6 @@
 // No allocation, no copy and no synchronisation: everything is enqueued on the caller's stream.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.hpp"
 #include "cuda/backend.hpp"
@@ -18,7 +16,6 @@
 #include "cuda/sm90/backward/bwd_state.cuh"
 #include "cuda/sm90/backward/bwd_state_wgmma.cuh"
 #include "cuda/sm90/backward/bwd_wy_inter.cuh"
-#include "cuda/sm90/backward/bwd_wy_intra.cuh"
 #include "cuda/sm90/backward/state_passes.cuh"
 #include "cuda/sm90/backward/views.hpp"
 #include "cuda/sm90/launch.cuh"
@@ -152,23 +149,6 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
   });
 }
 
-// B3's arguments for its products with the states on wgmma: the tensor maps of the states, their
-// gradients, delta, d_delta and dO.
-WyInterParams wy_inter_wgmma_params(const Problem& p, const BackwardParams& params) {
-  const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
-  const ForwardWorkspace& ws = params.fwd.ws;
-  const int64_t tokens = p.B * p.T, chunks = ForwardWorkspace::chunks(p);
-  const int64_t io_tokens = (p.B - 1) * params.fwd.io_T + p.T;  // dO: a view's rows
-  WyInterParams args{};
-  args.p = params;
-  args.states = block_tensor_map(ws.states, DType::kF32, V, p.HV * K, chunks, K);
-  args.d_states = block_tensor_map(params.ws.d_states, DType::kF32, V, p.HV * K, chunks, K);
-  args.delta = row_tensor_map(ws.delta, DType::kF32, V, p.HV, V, tokens, C);
-  args.d_delta = row_tensor_map(params.ws.d_delta, DType::kF32, V, p.HV, V, tokens, C);
-  args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, io_tokens, C, params.fwd.io_HV * V);
-  return args;
-}
-
 // B3: its products with the states on wgmma where the forward's and the backward's state passes ran
 // on wgmma (kBf16DoAtCommonShape and backward_state_on_wgmma: they store their fp32 results rounded
 // to TF32, which those products read as they are), else all on mma.sync.
@@ -183,37 +163,17 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
       return launch(bwd_wy_inter_kernel<kP, RuntimeDims, DoT>, per_chunk, WyInterConfig::kThreads,
                     WyInterLayout::bytes(C, K, V, false), s, args);
     }
-    args = wy_inter_wgmma_params(p, params);
+    const ForwardWorkspace& ws = params.fwd.ws;
+    const int64_t tokens = p.B * p.T, chunks = ForwardWorkspace::chunks(p);
+    const int64_t io_tokens = (p.B - 1) * params.fwd.io_T + p.T;  // dO: a view's rows
+    args.states = block_tensor_map(ws.states, DType::kF32, V, p.HV * K, chunks, K);
+    args.d_states = block_tensor_map(params.ws.d_states, DType::kF32, V, p.HV * K, chunks, K);
+    args.delta = row_tensor_map(ws.delta, DType::kF32, V, p.HV, V, tokens, C);
+    args.d_delta = row_tensor_map(params.ws.d_delta, DType::kF32, V, p.HV, V, tokens, C);
+    args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, io_tokens, C, params.fwd.io_HV * V);
   }
   launch(bwd_wy_inter_kernel<kP, Dims, DoT>, per_chunk, WyInterConfig::kThreads,
          WyInterLayout::bytes(C, K, V, kBf16DoAtCommonShape<Dims, DoT>), s, args);
-}
-
-// Whether B3 and B4 run as one kernel (bwd_wy_intra.cuh): asked with FKT_FUSED_WY_INTRA=1, read at
-// every call, while the fused kernel has not run on a GPU.
-bool fused_wy_intra_asked() {
-  const char* asked = std::getenv("FKT_FUSED_WY_INTRA");
-  return asked != nullptr && std::strcmp(asked, "1") == 0;
-}
-
-// B3 then B4: in one kernel where asked and its instance applies (bwd_wy_intra.cuh), else each in
-// its own.
-template <Products kP, typename Dims, typename DoT, typename Qk, bool kScaled>
-void wy_and_intra_passes(const Problem& p, const BackwardParams& params, cudaStream_t s) {
-  const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
-  if constexpr (kBf16DoAtCommonShape<Dims, DoT> && std::is_same_v<Qk, __nv_bfloat16>) {
-    static_assert(kP == Products::kTf32, "the common shape comes with bf16 products only (with_dims)");
-    if (fused_wy_intra_asked() && backward_state_on_wgmma(params)) {
-      const auto kernel = bwd_wy_intra_kernel<kScaled>;
-      prefer_max_shared(kernel);
-      return launch(kernel, per_chunk, WyInterConfig::kThreads, kWyIntraBytes, s, wy_inter_wgmma_params(p, params));
-    }
-  }
-  wy_inter_pass<kP, Dims, DoT>(p, params, s);
-  const auto kernel = bwd_intra_kernel<kP, Dims, Qk, kScaled>;
-  prefer_max_shared(kernel);  // two blocks of about 109 KB with 16-bit q and k
-  launch(kernel, per_chunk, BwdIntraConfig<Qk>::kThreads, BwdIntraLayout<Qk>(p.chunk, static_cast<int>(p.K)).bytes, s,
-         params);
 }
 
 // Whether B7 computes dA_log or ddt_bias (the gate in the kernel, and either asked for).
@@ -297,12 +257,15 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
       });
     });
     with_dims<kP>(p, [&](auto dims) {
-      with_d_o_storage<kP>(params.d_o_dtype, [&](auto stored) {
-        with_qk_storage<kP>(p.q.dtype, [&](auto qk) {
-          with_flag(p.l2norm, [&](auto scaled) {
-            wy_and_intra_passes<kP, decltype(dims), decltype(stored), decltype(qk), decltype(scaled)::value>(p, params,
-                                                                                                           s);
-          });
+      using Dims = decltype(dims);
+      with_d_o_storage<kP>(params.d_o_dtype,
+                           [&](auto stored) { wy_inter_pass<kP, Dims, decltype(stored)>(p, params, s); });
+      with_qk_storage<kP>(p.q.dtype, [&](auto qk) {
+        with_flag(p.l2norm, [&](auto scaled) {
+          using Qk = decltype(qk);
+          const auto kernel = bwd_intra_kernel<kP, Dims, Qk, decltype(scaled)::value>;
+          prefer_max_shared(kernel);  // two blocks of about 109 KB with 16-bit q and k
+          launch(kernel, per_chunk, BwdIntraConfig<Qk>::kThreads, BwdIntraLayout<Qk>(C, K).bytes, s, params);
         });
       });
     });
