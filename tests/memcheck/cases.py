@@ -26,8 +26,8 @@ CASES = [
     dict(B=2, T=1100, H=1, HV=2, K=128, V=128),
     # The same forward in three pieces of 6, 6 and 6 chunks (cuda/sm90/forward/pieces.hpp).
     dict(B=2, T=1100, H=1, HV=2, K=128, V=128, forward_pieces=3),
-    # Two time slices of 17 and 16 chunks, side by side from the fold of the first one's summary.
-    dict(B=1, T=2085, H=1, HV=2, K=128, V=128, forward_pieces=-1),
+    # Three time slices of 17, 17 and 15 chunks, side by side from the fold of the first two's summaries.
+    dict(B=1, T=3109, H=1, HV=2, K=128, V=128, forward_pieces=-1),
     # The backward on three sequence groups (cuda/sm90/sequence_groups.hpp) of 8, 11 and 10 chunks,
     # each giving an H200's 132 SMs a block (4 V-tiles x 36 value heads a sequence).
     dict(B=1, T=800, H=36, HV=36, K=64, V=128, cu_seqlens=[0, 1, 1, 200, 330, 500, 640, 800], chunk_size=32),

@@ -23,6 +23,8 @@ CASES = [
     (dict(B=2, T=777, state=False, l2norm=True), 4, 4),         # 4, 4, 4, 1 chunks; no initial state
     (dict(B=2, T=2048, H=12), -1, 2),                           # the planner's: F4 on 48 blocks, 32 chunks
     (dict(B=4, T=2048, H=16), -1, 1),                           # the planner's: F4 on 128 blocks, whole
+    (dict(B=1, T=2048), -1, 2),                                 # the planner's: F4 on 4 blocks, 32 chunks, too
+                                                                # few for three slices
 ]
 
 
@@ -127,11 +129,11 @@ def test_pieces_in_a_cuda_graph_replayed_with_new_inputs():
     assert torch.equal(o_graph, o_whole) and torch.equal(ht_graph, ht_whole)
 
 
-# (case, the slices expected): F4's grid at most a quarter of the SMs (an H200's 132).
+# (case, the slices expected): F4's grid at most a quarter of the SMs (an H200's 132), at least 48 chunks.
 SLICES = [
-    (dict(B=1, T=2048), 2),                                 # F4 on 4 blocks, 32 chunks
+    (dict(B=1, T=3072), 3),                                 # F4 on 4 blocks, 48 chunks
     (dict(B=1, T=8229, HV=4), 8),                           # 129 chunks: 7 x 17 and 10; GVA; segment starts inside
-    (dict(B=2, T=3000, state_v_first=True), 2),             # 47 chunks: 24 and 23
+    (dict(B=2, T=3100, state_v_first=True), 3),             # 49 chunks: 17, 17 and 15
     (dict(B=1, T=4096, H=1, state=False, l2norm=True), 4),  # no initial state
 ]
 
@@ -177,7 +179,7 @@ def test_time_slices_refuse_a_final_state_over_the_initial_state():
 
     from flash_kda_train import _abi, _core, _lib
 
-    x, opts = inputs(dict(B=1, T=2048), requires_grad=False)
+    x, opts = inputs(dict(B=1, T=3072), requires_grad=False)
     call = planned_call(x, opts, -1)
     workspace = call.buffer(call.sizes().forward_workspace_bytes)
     outs = _abi.describe_all(_core.TORCH, _lib.FORWARD_OUTPUT_NAMES,

@@ -32,11 +32,13 @@ struct ForwardPieces {
 
 // The planner's choice: time slices of at least sixteen chunks each where F4's grid takes at most a
 // quarter of the SMs, as many as keep the summaries' grid (twice F4's per slice) within the SMs, up
-// to eight; else four pieces one after another, of at least sixteen chunks each, where F4's grid
-// takes at most half the SMs. An earlier build of the pieces' plan on the H200 (design.md): four
+// to eight, and at least three: k slices walk about 2 / k of the chunk steps one after another (the
+// summaries of a slice, then F4 of one), so two would save none and add the summaries' and the
+// fold's launches. Else four pieces one after another, of at least sixteen chunks each, where F4's
+// grid takes at most half the SMs. An earlier build of the pieces' plan on the H200 (design.md): four
 // pieces took B2_T16384_H16's forward 1.32 -> 1.17 ms of GPU time, eight 1.24; F4 grids that fill
 // the GPU, or short pieces, took longer.
-constexpr int64_t kPlannedPieces = 4, kLeastPlannedPieceChunks = 16, kMostSlices = 8;
+constexpr int64_t kPlannedPieces = 4, kLeastPlannedPieceChunks = 16, kLeastSlices = 3, kMostSlices = 8;
 
 // The pieces of p's forward, whose workspace is `ws` and whose F4 launches `f4_blocks` blocks: with
 // F4 on wgmma with F5 inside (the forward's own layout at the common shape with bf16 products) over
@@ -52,7 +54,7 @@ inline ForwardPieces forward_pieces(const Problem& p, const ForwardWorkspace& ws
   bool slices = false;
   if (wanted < 0) {
     const int64_t sms = device_limits(p.device.device_id).sms;
-    slices = 4 * f4_blocks <= sms && chunks >= 2 * kLeastPlannedPieceChunks;
+    slices = 4 * f4_blocks <= sms && chunks >= kLeastSlices * kLeastPlannedPieceChunks;
     if (slices) {
       wanted = std::min({kMostSlices, chunks / kLeastPlannedPieceChunks, 1 + sms / (2 * f4_blocks)});
     } else {
