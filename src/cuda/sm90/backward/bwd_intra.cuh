@@ -14,6 +14,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
+#include "cuda/sm90/backward/handoffs.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -141,7 +142,9 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   // the diagonal (as B1 and B3 store them).
   const int64_t stride_k = static_cast<int64_t>(f.HV) * K, stride_c = static_cast<int64_t>(f.HV) * C;
   copy_rows_async(pa, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
-  copy_rows_async(scratch, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
+  __nv_bfloat16* scratch16 = reinterpret_cast<__nv_bfloat16*>(scratch);  // [C, ldc] a bf16 dA
+  if constexpr (kBf16DA<kP>) copy_rows16_async(scratch16, ldc, bf16_row(p.ws.dA, row_at(0), C), 2 * stride_c, C, C, l, C);
+  else copy_rows_async(scratch, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
   copy_rows_async(g, ldg, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   const int qk_head = head / (f.HV / f.H);
   const int64_t stride_qk = static_cast<int64_t>(f.io_H) * K, qk_first = (c.io_row * f.io_H + qk_head) * K;
@@ -156,8 +159,9 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   }
   cp_async_commit();
   // B3's partials, read back at the end of every task: asked into L2 now.
-  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, 4 * K);
-  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, 4 * K);
+  const bool bf16_partials = bf16_qk_partials<kP>(p);
+  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, (bf16_partials ? 2 : 4) * K);
+  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, (bf16_partials ? 2 : 4) * K);
   prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
   for (int r = tid; r < C; r += nthreads) {
     const bool valid = r < l;
@@ -173,7 +177,9 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   to_log2_units(g, C, Kp, ldg);
   for (int x = tid; x < C * C; x += nthreads) {  // dA[r, i], i < r, to pa[i, r] or da[r, i % 16]
     const int r = x / C, i = x % C;
-    if (i < r) (i >= r / 16 * 16 ? da[r * 16 + i % 16] : pa[i * ldc + r]) = scratch[r * ldc + i];
+    if (i >= r) continue;
+    const float dA = kBf16DA<kP> ? __bfloat162float(scratch16[r * ldc + i]) : scratch[r * ldc + i];
+    (i >= r / 16 * 16 ? da[r * 16 + i % 16] : pa[i * ldc + r]) = dA;
   }
   __syncthreads();
 
@@ -276,7 +282,9 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int64_t at = first + (r0 + b) * stride_k;
-        if (r0 + b < rows && d < K) old[b] = make_float3(p.ws.dq[at], p.ws.dk[at], p.ws.dgamma[at]);
+        if (r0 + b >= rows || d >= K) continue;
+        old[b] = make_float3(load_partial(p.ws.dq, at, d, bf16_partials), load_partial(p.ws.dk, at, d, bf16_partials),
+                             p.ws.dgamma[at]);
       }
     };
     float3 old[kBatch], next[kBatch];

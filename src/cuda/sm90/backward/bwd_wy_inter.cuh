@@ -17,6 +17,7 @@
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
+#include "cuda/sm90/backward/handoffs.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/backward/wy_inter_state_wgmma.cuh"
 #include "cuda/sm90/dims.hpp"
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
   const float* gamma = f.ws.gamma;
   const int64_t last = row_at(l - 1) * K;
   const int cells = Kp / 4;
-  const bool vector = K % 4 == 0;
+  const bool vector = K % 4 == 0, bf16_partials = bf16_qk_partials<kP>(p);
   // q_hat and k_hat as F2 forms them (forward/workspace.hpp): q and k of the value head's query/key
   // head as given, times the row scales of l2norm; rows past the chunk's end read as zero.
   const int qk_head = head / (f.HV / f.H), qk_bytes = element_bytes(f.qk_dtype);
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
             map4([](float b1, float gl, float g) { return b1 * expf(gl - g); }, load4(B1 + at), v.b, v.a);
         store4(B1 + at, dk_inter);
         store4(B2 + at, map4([](float b2) { return -b2; }, load4(B2 + at)));
-        store_first(p.ws.dq + row_at(r) * K + d, dq, K - d, vector);
+        store_partial(p.ws.dq, row_at(r), K, d, dq, K - d, vector, bf16_partials);
         kept[j].dgamma =
             map4([](float q, float dqx, float k, float dki) { return q * dqx - k * dki; }, v.c, dq, v.d, dk_inter);
       });
@@ -356,9 +357,9 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
             dg = float4{g[0], g[1], g[2], g[3]};
           }
           const int64_t global = row_at(r) * K + d;
-          store_first(p.ws.dk + global,
-                      map4([&](float dki, float u, float y) { return dki + beta * u * y; }, load4(B1 + at), up, yw),
-                      K - d, vector);
+          store_partial(p.ws.dk, row_at(r), K, d,
+                        map4([&](float dki, float u, float y) { return dki + beta * u * y; }, load4(B1 + at), up, yw),
+                        K - d, vector, bf16_partials);
           const float4 beta_k_up = map4([&](float k, float u) { return beta * k * u; }, k_hat, up);
           const float4 dgamma = map4([](float g, float bku, float y) { return g + bku * y; }, dg, beta_k_up, yw);
           store_first(p.ws.dgamma + global, dgamma, K - d, vector);
@@ -406,7 +407,10 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
                     [&](int m, int i) { return B1[m * ldb + c0 + i]; });
     for_each_acc(acc, [&](int r, int i, float x) {
       const int row = R0 + r, col = c0 + i;
-      if (row < l) p.ws.dA[row_at(row) * C + col] = col < row ? -x : 0.f;
+      if (row >= l) return;
+      const float dA = col < row ? -x : 0.f;
+      if constexpr (kBf16DA<kP>) bf16_row(p.ws.dA, row_at(row), C)[col] = __float2bfloat16_rn(dA);
+      else p.ws.dA[row_at(row) * C + col] = dA;
     });
   }
 }

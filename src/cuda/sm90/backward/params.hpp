@@ -10,7 +10,9 @@
 namespace fkt::cuda {
 
 // What the backward stages hand to each other; every row index is a (token, value head) row
-// (b * T + t) * HV + head unless said otherwise. fp32 throughout. Arrays reuse forward
+// (b * T + t) * HV + head unless said otherwise. fp32 throughout, but that with bf16 inputs B3
+// hands dA and, where B4 writes dq and dk itself, its dq and dk partials to B4 in bf16
+// (backward/handoffs.cuh), each row in the first half of its fp32 slot. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
 // dA takes P (last read by B1) where the workspace holds it (keep_forward, the summaries; a
 // recomputing backward reads the forward's saved P, which it leaves as it is), dq Q_up's region,
@@ -18,7 +20,7 @@ namespace fkt::cuda {
 // operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
-  float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3)
+  float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3; bf16 rows with bf16 inputs)
   float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
   float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
   float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4); in Q_up's place
