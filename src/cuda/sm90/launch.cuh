@@ -94,6 +94,15 @@ void with_gate_element(DType g, F f) {
   f(float{});
 }
 
+// The gate mode (kda-math.md section 2.2) as bwd_gate's template argument, the one place where it
+// becomes one: calls f(std::integral_constant<GateMode, ...>).
+template <typename F>
+void with_gate_mode(GateMode mode, F f) {
+  if (mode == GateMode::kSoftplus) return f(std::integral_constant<GateMode, GateMode::kSoftplus>{});
+  if (mode == GateMode::kBoundedSigmoid) return f(std::integral_constant<GateMode, GateMode::kBoundedSigmoid>{});
+  f(std::integral_constant<GateMode, GateMode::kPrecomputed>{});
+}
+
 // How fwd_intra keeps q, k and v in shared memory (IntraConfig): in their dtype when all three
 // are bfloat16 or all float16, else as fp32. Calls f(element) with a value of that type.
 template <typename F>

@@ -24,10 +24,11 @@ struct BwdGateConfig {
   static size_t smem_bytes(int, int, int) { return 0; }
 };
 
-// GT: the element type of g and dg (bf16, fp16 or fp32: with_gate_element), known at compile time so
-// that the loop below carries no per-element dtype branches (the kernel was issue-bound: 63% of
-// the issue slots busy, DRAM 40%, at B1_T8192_H96).
-template <typename GT>
+// GT: the element type of g and dg (bf16, fp16 or fp32: with_gate_element), and kMode the gate
+// mode (with_gate_mode), known at compile time so that the loop below carries no per-element dtype
+// or mode branches (the kernel was issue-bound: 63% of the issue slots busy, DRAM 40%, at
+// B1_T8192_H96).
+template <typename GT, GateMode kMode>
 __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBlocks)
     bwd_gate_kernel(const __grid_constant__ BackwardParams p) {
   constexpr int kBatch = BwdGateConfig::kRowsInFlight;
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
   const int head = blockIdx.y, K = f.K, l = static_cast<int>(c.rows);
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const GateInputs& gate = f.gate;
-  const bool in_kernel = gate.mode != GateMode::kPrecomputed;
+  constexpr bool kInKernel = kMode != GateMode::kPrecomputed;
   const GT* g_in = static_cast<const GT*>(gate.g);
   GT* dg = static_cast<GT*>(p.dg);
   const float rate = gate.A_log ? expf(load_float(gate.A_log, gate.A_log_dtype, head)) : 1.f;
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
   const int64_t first = (c.first_row * f.HV + head) * K, stride = static_cast<int64_t>(f.HV) * K;
   const int64_t io_first = (c.io_row * f.io_HV + head) * K, io_stride = static_cast<int64_t>(f.io_HV) * K;
   prefetch_rows_l2(p.ws.dgamma + first, 4 * stride, l, 4 * K);
-  if (in_kernel) {
+  if constexpr (kInKernel) {
     constexpr int kBytes = sizeof(GT);
     prefetch_rows_l2(g_in + io_first, kBytes * io_stride, l, kBytes * K);
   }
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         dgamma[u] = r0 - u >= 0 ? p.ws.dgamma[first + (r0 - u) * stride + d] : 0.f;
-        g[u] = r0 - u >= 0 && in_kernel ? to_float(g_in[io_first + (r0 - u) * io_stride + d]) : 0.f;
+        g[u] = r0 - u >= 0 && kInKernel ? to_float(g_in[io_first + (r0 - u) * io_stride + d]) : 0.f;
       }
     };
     float dgamma[kBatch], g[kBatch], next_dgamma[kBatch], next_g[kBatch];
@@ -76,9 +77,9 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
         if (r0 - u < 0) break;
         da += dgamma[u];
         float dx = da;
-        if (in_kernel) {
+        if constexpr (kInKernel) {
           const float x = g[u] + bias;
-          if (gate.mode == GateMode::kSoftplus) {
+          if constexpr (kMode == GateMode::kSoftplus) {
             dx = -da * rate * (x > 20.f ? 1.f : sigmoid(x));
             dA_log += static_cast<double>(da * (-rate * softplus(x)));  // da * a
           } else {
@@ -96,12 +97,11 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
         g[u] = next_g[u];
       }
     }
-    if (in_kernel) p.ws.ddt_bias_parts[(chunk * f.HV + head) * K + d] = ddt_bias;
+    if constexpr (kInKernel) p.ws.ddt_bias_parts[(chunk * f.HV + head) * K + d] = ddt_bias;
   }
 
   // dA_log partial of the chunk: a butterfly in each warp, then the warps in order (reproducible).
-  // in_kernel is the same for the whole block, so the barrier is reached by every thread or none.
-  if (in_kernel) {
+  if constexpr (kInKernel) {
     __shared__ double warp_sums[BwdGateConfig::kWarps];
     for (int offset = 16; offset > 0; offset /= 2) dA_log += __shfl_xor_sync(0xffffffffu, dA_log, offset);
     if (tid % 32 == 0) warp_sums[tid / 32] = dA_log;

@@ -271,8 +271,10 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
     });
   });
   with_gate_element(p.g.dtype, [&](auto element) {
-    launch(bwd_gate_kernel<decltype(element)>, per_chunk, BwdGateConfig::kThreads, BwdGateConfig::smem_bytes(C, K, V),
-           s, params);
+    with_gate_mode(p.gate, [&](auto mode) {
+      launch(bwd_gate_kernel<decltype(element), decltype(mode)::value>, per_chunk, BwdGateConfig::kThreads,
+             BwdGateConfig::smem_bytes(C, K, V), s, params);
+    });
   });
   if (!params.qk_in_intra) {
     const int64_t qk_rows = p.B * p.T * p.H;
