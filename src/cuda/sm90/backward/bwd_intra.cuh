@@ -143,8 +143,11 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   const int64_t stride_k = static_cast<int64_t>(f.HV) * K, stride_c = static_cast<int64_t>(f.HV) * C;
   copy_rows_async(pa, ldc, p.ws.dP + row_at(0) * C, stride_c, C, C, l, C);
   __nv_bfloat16* scratch16 = reinterpret_cast<__nv_bfloat16*>(scratch);  // [C, ldc] a bf16 dA
-  if constexpr (kBf16DA<kP>) copy_rows16_async(scratch16, ldc, bf16_row(p.ws.dA, row_at(0), C), 2 * stride_c, C, C, l, C);
-  else copy_rows_async(scratch, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
+  if constexpr (kBf16DA<kP>) {
+    copy_rows16_async(scratch16, ldc, bf16_row(p.ws.dA, row_at(0), C), 2 * stride_c, C, C, l, C);
+  } else {
+    copy_rows_async(scratch, ldc, p.ws.dA + row_at(0) * C, stride_c, C, C, l, C);
+  }
   copy_rows_async(g, ldg, f.ws.gamma + row_at(0) * K, stride_k, C, Kp, l, K);
   const int qk_head = head / (f.HV / f.H);
   const int64_t stride_qk = static_cast<int64_t>(f.io_H) * K, qk_first = (c.io_row * f.io_H + qk_head) * K;

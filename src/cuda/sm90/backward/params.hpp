@@ -10,8 +10,8 @@
 namespace fkt::cuda {
 
 // What the backward stages hand to each other; every row index is a (token, value head) row
-// (b * T + t) * HV + head unless said otherwise. fp32 throughout, but that with bf16 inputs B3
-// hands dA and, where B4 writes dq and dk itself, its dq and dk partials to B4 in bf16
+// (b * T + t) * HV + head unless said otherwise. fp32 throughout, except that with bf16 inputs
+// B3 hands dA and, where B4 writes dq and dk itself, its dq and dk partials to B4 in bf16
 // (backward/handoffs.cuh), each row in the first half of its fp32 slot. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
 // dA takes P (last read by B1) where the workspace holds it (keep_forward, the summaries; a
