@@ -105,16 +105,17 @@ def test_gradients_match_gold_like_cpu(case):
 # K128-misaligned-dO: a bf16 dO whose rows do not start 16-byte aligned, which B2's wgmma pass does
 # not take (its TMA copies need 16-byte aligned rows): its mma.sync pass runs instead.
 # K128-vfirst: the wgmma passes reading and writing states in the [.., V, K] layout.
-# K128-no-GVA: a value head per query/key head (four, as the others have), where B4 writes dq and
-# dk itself and B3 hands it its dq and dk partials in bf16 with bf16 inputs (backward/handoffs.cuh).
-# With two heads the bf16 dA_log (two values) came out 1.3e-3 on an H100, with fp32 hand-offs as
-# with bf16 ones: past the 1e-3 here, under FLA's 3.3e-3 to 4.5e-3 (docs/design.md).
+# K128-no-GVA, K64-no-GVA: a value head per query/key head (four, as the others have), where B4
+# writes dq and dk itself and B3 hands it its dq and dk partials in bf16 with bf16 inputs
+# (backward/handoffs.cuh), with compile-time and run-time dims. With two heads the bf16 dA_log (two
+# values) came out 1.3e-3 on an H100 at K = V = 128, with fp32 hand-offs as with bf16 ones: past
+# the 1e-3 here, under FLA's 3.3e-3 to 4.5e-3 (docs/design.md).
 SHAPES = [dict(K=64, V=64), dict(K=128, V=128), WIDE, dict(K=128, V=128, misaligned_do=True),
-          dict(K=128, V=128, state_v_first=True), dict(K=128, V=128, H=4)]
+          dict(K=128, V=128, state_v_first=True), dict(K=128, V=128, H=4), dict(K=64, V=64, H=4)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["K64", "K128", "K128-wide", "K128-misaligned-dO", "K128-vfirst",
-                                               "K128-no-GVA"])
+                                               "K128-no-GVA", "K64-no-GVA"])
 @pytest.mark.parametrize("dtype,bound,fp32_bound", [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 1e-4)])
 def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
     case = dict(B=1, T=300, H=2, HV=4, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True, lower_bound=-5.0,
