@@ -77,19 +77,18 @@ def _kernels(ours: dict, phase: str) -> Dict[str, Tuple[int, float]]:
     return {k["name"]: (k["calls"], k["ms"]) for k in profile.get("kernels", [])}
 
 
-def report(runs: Dict[str, List[dict]], libraries: Dict[str, str], bits_line: Optional[str] = None) -> str:
+def report(runs: Dict[str, List[dict]], libraries: Dict[str, str], bits_output: Optional[str] = None) -> str:
     """The markdown tables: timed medians of every round, then each kernel's GPU time (profiled round)."""
     lines = [f"# A/B: A = `{libraries['a']}`, B = `{libraries['b']}`", ""]
-    if bits_line is not None:
-        lines += ["Bits (`scripts/bitdump.py cmp`):", ""] + [f"    {line}" for line in bits_line.splitlines()] + [""]
+    if bits_output is not None:
+        lines += ["Bits (`scripts/bitdump.py cmp`):", ""] + [f"    {line}" for line in bits_output.splitlines()] + [""]
     a_rows = [_rows(d) for d in runs["a"]]
     b_rows = [_rows(d) for d in runs["b"]]
     lines += ["| shape | config | fwd ms A | fwd ms B | fwd+bwd ms A | fwd+bwd ms B |", "|---|---|---|---|---|---|"]
     for key in a_rows[0]:
-        def cells(rows, field):
-            return _ms([row.get(key, {}).get(field) for row in rows])
-        lines.append(f"| {key[0]} | {key[1]} | {cells(a_rows, 'fwd_ms')} | {cells(b_rows, 'fwd_ms')} | "
-                     f"{cells(a_rows, 'fwd_bwd_ms')} | {cells(b_rows, 'fwd_bwd_ms')} |")
+        cells = [_ms([row.get(key, {}).get(field) for row in rows])
+                 for field in ("fwd_ms", "fwd_bwd_ms") for rows in (a_rows, b_rows)]
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     for key, a in a_rows[0].items():
         b = b_rows[0].get(key, {})
         for phase in ("forward", "forward+backward"):
@@ -131,16 +130,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"--{side}: no library at {library}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    status, bits_line = 0, None
+    status, bits_output = 0, None
     if args.bits:
-        equal, bits_line = bits(libraries, out)
+        equal, bits_output = bits(libraries, out)
         status = 0 if equal else 1
     try:
         runs = bench_runs(libraries, args.shapes, args.rounds, extra, out)
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 1
-    text = report(runs, libraries, bits_line)
+    text = report(runs, libraries, bits_output)
     (out / "ab.md").write_text(text)
     print(text, end="")
     return status
