@@ -34,7 +34,8 @@ CASES = [
 ]
 
 
-def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None, forward_pieces=1):
+def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None, forward_pieces=1,
+        forward_only=False):
     torch.manual_seed(0)
     dev = "cuda"
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -52,6 +53,9 @@ def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None, 
                           A_log=A_log, dt_bias=dt_bias, safe_gate=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
                           use_qk_l2norm_in_kernel=True, chunk_size=chunk_size, cu_seqlens=offsets,
                           state_v_first=state_v_first, forward_pieces=forward_pieces)
+    if forward_only:
+        torch.cuda.synchronize()
+        return bool(torch.isfinite(o).all() and torch.isfinite(ht).all())
     torch.autograd.backward([o, ht], [torch.randn_like(o), torch.randn_like(ht)])
     torch.cuda.synchronize()
     tensors = [o, ht, q.grad, k.grad, v.grad, g.grad, beta.grad, h0.grad, A_log.grad, dt_bias.grad]
@@ -69,8 +73,13 @@ def run(B, T, H, HV, K, V, chunk_size=64, state_v_first=False, cu_seqlens=None, 
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-if __name__ == "__main__":  # all cases, or those whose indices are given (for a slower sanitizer tool)
-    chosen = [CASES[int(i)] for i in sys.argv[1:]] or CASES
-    bad = [case for case in chosen if not run(**case)]
+if __name__ == "__main__":
+    # All cases, or those whose indices are given (for a slower sanitizer tool); --forward: their
+    # forward alone (racecheck of the forward's pieces and slices, without the backward and the
+    # summaries that take it past a minute a case).
+    args = sys.argv[1:]
+    forward_only = "--forward" in args
+    chosen = [CASES[int(i)] for i in args if i != "--forward"] or CASES
+    bad = [case for case in chosen if not run(**case, forward_only=forward_only)]
     print(f"{len(chosen) - len(bad)} of {len(chosen)} cases finite" + (f"; not finite: {bad}" if bad else ""))
     sys.exit(1 if bad else 0)
