@@ -1,5 +1,6 @@
-// fwd_intra's block (forward/fwd_intra.cuh): its threads, its shared-memory layout and the tiles
-// through which its stages read q_hat and k_hat.
+// fwd_intra's block (forward/fwd_intra.cuh): its threads, its shared-memory layout, the tiles
+// through which its stages read q_hat and k_hat, and the activated beta and the l2norm row scales
+// that it forms first.
 #pragma once
 
 #include <type_traits>
