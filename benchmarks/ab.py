@@ -128,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for side, library in libraries.items():
         if not pathlib.Path(library).is_file():
             parser.error(f"--{side}: no library at {library}")
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out).resolve()  # the runs write from the repository root
     out.mkdir(parents=True, exist_ok=True)
     status, bits_output = 0, None
     if args.bits:

@@ -163,8 +163,9 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
   cp_async_commit();
   // B3's partials, read back at the end of every task: asked into L2 now.
   const bool bf16_partials = bf16_qk_partials<kP>(p);
-  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, (bf16_partials ? 2 : 4) * K);
-  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, (bf16_partials ? 2 : 4) * K);
+  const int partial_bytes = (bf16_partials ? 2 : 4) * K;  // of a dq or dk partial row
+  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, partial_bytes);
+  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, partial_bytes);
   prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
   for (int r = tid; r < C; r += nthreads) {
     const bool valid = r < l;
