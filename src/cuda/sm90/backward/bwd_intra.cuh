@@ -12,6 +12,7 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/fast_exp.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/narrow_block.hpp"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/handoffs.cuh"
@@ -21,15 +22,12 @@
 
 namespace fkt::cuda {
 
-// Qk: how q and k sit in shared memory. 16-bit inputs keep their dtype there, exactly (q_hat and
-// k_hat are formed where read), which with dP and dA in one array lets two blocks of 256 threads
-// share an SM; fp32 inputs take the SM with one block of 512.
+// Qk: how q and k sit in shared memory: 16-bit inputs as given, exactly (q_hat and k_hat are formed
+// where read), which with dP and dA in one array lets two blocks share an SM; fp32 widened.
 template <typename Qk>
-struct BwdIntraConfig {
-  static constexpr bool kNarrow = sizeof(Qk) == 2;
-  static constexpr int kThreads = kNarrow ? 256 : 512;
+struct BwdIntraConfig : NarrowBlock<Qk> {
+  using NarrowBlock<Qk>::kNarrow;
   static constexpr int kMinBlocks = kNarrow ? 2 : 1;
-  static constexpr int kWarps = kThreads / 32;
   static constexpr int kCols = 32;  // columns of K per warp
   static constexpr int kLdScratch = kCols + 4;
   __host__ __device__ static int padded(int x) { return round_up<32>(x); }

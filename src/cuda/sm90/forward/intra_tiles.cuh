@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "cuda/common/convert.cuh"
+#include "cuda/common/narrow_block.hpp"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/vec4.cuh"
 #include "cuda/sm90/dims.hpp"
@@ -13,14 +14,11 @@
 
 namespace fkt::cuda {
 
-// In: how q, k and v sit in shared memory. 16-bit inputs (q, k and v of one dtype) keep their
-// dtype there, exactly, which halves those tiles and lets two blocks share an SM (three at the
-// common shape); anything else is widened to fp32 and one block of 512 threads takes the SM.
+// In: how q, k and v sit in shared memory: 16-bit inputs (q, k and v of one dtype) as given,
+// exactly (three blocks per SM at the common shape), anything else widened to fp32.
 template <typename In>
-struct IntraConfig {
-  static constexpr bool kNarrow = sizeof(In) == 2;
-  static constexpr int kThreads = kNarrow ? 256 : 512;
-  static constexpr int kWarps = kThreads / 32;
+struct IntraConfig : NarrowBlock<In> {
+  using NarrowBlock<In>::kNarrow;
   static constexpr int kSub = 16;  // sub-chunk rows
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
   // Resident blocks per SM: three at the common shape (71 KB of shared memory in the forward's
