@@ -551,6 +551,26 @@ def test_recompute_from_saved_gives_the_bits_of_the_kept_workspace(dtype, K, V, 
         assert a is not None and torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "varlen"])
+def test_kept_forward_output_matches_gold(packed):
+    """At the common shape with bf16 inputs the forward that keeps its workspace (disable_recompute)
+    runs F5 after F4, reading the states that F4 kept in fp16 with row scales, where the recomputing
+    forward runs F5 inside F4: o is within the bf16 bound of the gold either way (a wrong scale or an
+    unwidened state would put the chunks' inter-chunk terms off by far more)."""
+    torch.manual_seed(0)
+    x = make_inputs(B=1 if packed else 2, T=300, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, gate_in_kernel=True,
+                    cu_seqlens=[0, 1, 64, 65, 300] if packed else None, requires_grad=False)
+    c = {n: t.cuda() for n, t in x.items() if t is not None}
+    gold_o, _, _ = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                      use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                      cu_seqlens=x.get("cu_seqlens"))
+    for disable_recompute in (False, True):
+        o, _, _ = fkt.forward(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["initial_state"],
+                              output_final_state=True, use_gate_in_kernel=True, A_log=c["A_log"], dt_bias=c["dt_bias"],
+                              cu_seqlens=c.get("cu_seqlens"), disable_recompute=disable_recompute)
+        assert rel_rms(o.cpu(), gold_o) < 4e-3, disable_recompute
+
+
 def test_forward_without_gradients_saves_nothing():
     """With no input taking a gradient the forward keeps nothing for a backward (no T, P or segment
     states): its peak memory is lower by at least what it would have saved."""

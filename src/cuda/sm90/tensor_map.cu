@@ -25,12 +25,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return encode;
 }
 
-// A 3-d tensor of bf16 or fp32 elements (dims innermost first, the two outer strides in elements),
+// A 3-d tensor of bf16, fp16 or fp32 elements (dims innermost first, the two outer strides in elements),
 // read in boxes of 128 bytes of the innermost dim x box[1] x box[2] under the 128-byte swizzle.
 CUtensorMap encode_3d(const void* base, DType dtype, const int64_t (&dims)[3], const int64_t (&strides)[2],
                       int box1, int box2) {
-  FKT_CHECK(dtype == DType::kBF16 || dtype == DType::kF32) << "internal: tensor maps of bf16 or fp32 rows";
-  const int64_t bytes = dtype == DType::kBF16 ? 2 : 4;
+  FKT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32)
+      << "internal: tensor maps of bf16, fp16 or fp32 rows";
+  const int64_t bytes = dtype == DType::kF32 ? 4 : 2;
+  const CUtensorMapDataType type = dtype == DType::kBF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                          : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   const cuuint64_t sizes[3] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
                                static_cast<cuuint64_t>(dims[2])};
   const cuuint64_t byte_strides[2] = {static_cast<cuuint64_t>(strides[0] * bytes),
@@ -40,7 +44,7 @@ CUtensorMap encode_3d(const void* base, DType dtype, const int64_t (&dims)[3], c
   const cuuint32_t element_strides[3] = {1, 1, 1};
   CUtensorMap map{};
   const CUresult status = encode_tiled()(
-      &map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
+      &map, type, 3,
       const_cast<void*>(base), sizes, byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   FKT_CHECK(status == CUDA_SUCCESS) << "cuTensorMapEncodeTiled failed (" << static_cast<int>(status) << ") for a ["

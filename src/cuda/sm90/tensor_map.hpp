@@ -9,9 +9,9 @@
 
 namespace fkt::cuda {
 
-// A [tokens, heads, cols] tensor of bf16 or fp32 rows (a row's elements contiguous, heads
+// A [tokens, heads, cols] tensor of 16-bit or fp32 rows (a row's elements contiguous, heads
 // head_pitch elements apart, tokens token_pitch apart: heads * head_pitch when 0, more for a view of
-// some heads of a tensor) read in boxes of 128 bytes of one row (64 bf16 or 32 fp32 columns) x one
+// some heads of a tensor) read in boxes of 128 bytes of one row (64 16-bit or 32 fp32 columns) x one
 // head x box_rows tokens, under the 128-byte swizzle: coordinates (first column, head, first token).
 // Rows past the tensor read as zero.
 CUtensorMap row_tensor_map(const void* base, DType dtype, int64_t cols, int64_t heads, int64_t head_pitch,

@@ -12,8 +12,9 @@
 //   the accumulator's registers a chunk ahead.
 // - A = dS^T and d_delta^T / s in two bf16 parts each (hi + lo, a_fragment): the sum holds the fp32
 //   operand to 2^-17.
-// - dS and d_delta leave in whole 16-byte rows, staged fp32 in shared memory, rounded to TF32
-//   (tf32_rounded: bwd_wy_inter's TF32 wgmma products read them as they are); dh0 leaves unrounded.
+// - dS and d_delta leave in whole rows of the tile, staged fp32 in shared memory: dS in fp16 with a
+//   scale per row (common/scaled_half.cuh), d_delta rounded to TF32 (tf32_rounded: bwd_wy_inter's
+//   TF32 wgmma products read it as it is); dh0 leaves unrounded.
 // One thread issues the copies: the previous chunk's K_down and gamma_L once this chunk's d_delta
 // has been formed, its W, Q_up and dO once this chunk's update has run, each group on its mbarrier.
 #pragma once
@@ -21,6 +22,7 @@
 #include <cuda.h>
 
 #include "cuda/common/mma.cuh"
+#include "cuda/common/scaled_half.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -61,6 +63,7 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
   constexpr int kThreads = L::kThreads, C = L::kC, K = L::kK, kTile = L::kTile, kBox = L::kBox;
   constexpr int V = CommonDims::v(ForwardParams{});
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K, "the common shape");
+  static_assert(kTile == kStateScaleCols, "a scale per row of the tile (store_scaled_half_rows)");
   const BackwardParams& p = params.p;
   const ForwardParams& f = p.fwd;
   const WgmmaStateBlock<kTile> b(f);
@@ -137,7 +140,7 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
         for (int i = 0; i < 4; ++i) ds[n][i] = s * e[h][n][i];
       }
       for_each_acc(ds, [&](int r, int col, float x) {
-        *reinterpret_cast<float*>(smem + L::ds + L::Rows32::at(64 * h + col, v0 + r)) = tf32_rounded(x);
+        *reinterpret_cast<float*>(smem + L::ds + L::Rows32::at(64 * h + col, v0 + r)) = x;
       });
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) a[4 * h + ks] = a_fragment(ds, ks);
@@ -205,8 +208,10 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
     }
     wgmma_commit();
     // While the products run: dS and d_delta in whole rows, the previous chunk's intra part.
-    store_cells16<kThreads, K, kTile / 4>(p.ws.d_states + (b.first_state + j * f.HV) * K * V + b.e0, 4 * V,
-                                          smem + L::ds, K, L::Rows32::cell);
+    const int64_t state = b.first_state + j * f.HV;
+    store_scaled_half_rows<kThreads, K>(reinterpret_cast<__half*>(p.ws.d_states) + state * K * V + b.e0, V,
+                                        p.ws.d_state_scales + state_scales_at(state, b.e0, V, K), smem + L::ds,
+                                        L::Rows32::cell);
     store_cells16<kThreads, C, kTile / 4>(d_delta + j * b.step * V, 4 * f.HV * V, smem + L::dd, l, L::Rows32::cell);
     if (j > 0) load_intra(intra, j - 1);
     wgmma_wait();

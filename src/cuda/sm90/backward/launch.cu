@@ -150,8 +150,9 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
 }
 
 // B3: its products with the states on wgmma where the forward's and the backward's state passes ran
-// on wgmma (kBf16DoAtCommonShape and backward_state_on_wgmma: they store their fp32 results rounded
-// to TF32, which those products read as they are), else all on mma.sync.
+// on wgmma (kBf16DoAtCommonShape and backward_state_on_wgmma: they store the states and their
+// gradients in fp16 with row scales, delta and d_delta rounded to TF32, which those products read
+// as they are), else all on mma.sync.
 template <Products kP, typename Dims, typename DoT>
 void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
@@ -166,8 +167,8 @@ void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t 
     const ForwardWorkspace& ws = params.fwd.ws;
     const int64_t tokens = p.B * p.T, chunks = ForwardWorkspace::chunks(p);
     const int64_t io_tokens = (p.B - 1) * params.fwd.io_T + p.T;  // dO: a view's rows
-    args.states = block_tensor_map(ws.states, DType::kF32, V, p.HV * K, chunks, K);
-    args.d_states = block_tensor_map(params.ws.d_states, DType::kF32, V, p.HV * K, chunks, K);
+    args.states = block_tensor_map(ws.states, DType::kF16, V, p.HV * K, chunks, K);
+    args.d_states = block_tensor_map(params.ws.d_states, DType::kF16, V, p.HV * K, chunks, K);
     args.delta = row_tensor_map(ws.delta, DType::kF32, V, p.HV, V, tokens, C);
     args.d_delta = row_tensor_map(params.ws.d_delta, DType::kF32, V, p.HV, V, tokens, C);
     args.d_o = row_tensor_map(params.d_o, DType::kBF16, V, p.HV, V, io_tokens, C, params.fwd.io_HV * V);

@@ -22,7 +22,10 @@ struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3; bf16 rows with bf16 inputs)
   float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
-  float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2)
+  float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2); where
+                            // B2 runs on wgmma, fp16 (in the first half of the region) with a scale per
+                            // (state row, 64-column V-tile) in d_state_scales, as the states (fwd.half_states)
+  float* d_state_scales;    // as the states' (state_scales_at); carved with fwd.half_states
   float* dq;                // [B*T, HV, K] gradient of q_hat of each value head (B3, B4); in Q_up's place
   float* dk;                // [B*T, HV, K] gradient of k_hat of each value head (B3, B4); in W's place
   float* dgamma;            // [B*T, HV, K] gradient of gamma (B3, B4); in K_down's place for fp32 operands
@@ -39,6 +42,7 @@ struct BackwardWorkspace {
     w.dA = fwd.recompute ? m.take<float>(rows * p.chunk) : static_cast<float*>(fwd.P);
     w.d_delta = m.take<float>(rows * p.V);
     w.d_states = m.take<float>(chunks * p.HV * p.K * p.V);
+    if (fwd.half_states) w.d_state_scales = m.take<float>(state_scales_at(chunks * p.HV, 0, p.V, p.K));
     w.dq = static_cast<float*>(fwd.q_up);
     w.dk = static_cast<float*>(fwd.W);
     w.dgamma = operand_bytes == sizeof(float) ? static_cast<float*>(fwd.k_down) : m.take<float>(rows * p.K);

@@ -1,5 +1,5 @@
 // The backward's two state passes in one launch, where both run on wgmma: B0's F4 (the states and
-// delta again, fwd_state_wgmma<float>) and B2 (the state gradient, bwd_state_wgmma). Neither reads
+// delta again, fwd_state_wgmma<__half>) and B2 (the state gradient, bwd_state_wgmma). Neither reads
 // what the other writes (B2 reads W, Q_up, K_down, gamma_L, dO and the intra part of d_delta, all
 // written before), and each walks its chunks one after the other with few blocks when the
 // sequences are few (one per sequence, value head and 64-column V-tile): side by side they take
@@ -26,7 +26,7 @@ inline constexpr int kStatePassesBytes =
 __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
     state_passes_kernel(const __grid_constant__ StatePassesParams params) {
   static_assert(FwdStateWgmmaLayout<false>::kThreads == BwdStateWgmmaLayout::kThreads, "one block size");
-  if (blockIdx.z == 0) fwd_state_wgmma<float>(params.forward, 0);
+  if (blockIdx.z == 0) fwd_state_wgmma<__half>(params.forward, 0);
   else bwd_state_wgmma(params.backward);
 }
 

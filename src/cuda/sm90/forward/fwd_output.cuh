@@ -2,10 +2,13 @@
 // cores (common/mma.cuh), stored in q's dtype.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/round_up.hpp"
+#include "cuda/common/scaled_half.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
@@ -60,8 +63,17 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   // Rows past the chunk's end, columns past K and past the tile are zero.
   const int64_t stride_q = static_cast<int64_t>(p.HV) * K, stride_v = static_cast<int64_t>(p.HV) * V;
   copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * K, stride_q, C, Kp, l, K);
-  copy_rows_async(h, kLdB, static_cast<const Stored*>(p.ws.states) + (chunk * p.HV + head) * K * V + e0, V, Kp, kTile,
-                  K, width);
+  const int64_t state = chunk * p.HV + head;
+  if constexpr (std::is_same_v<Stored, float>) {
+    if (p.ws.half_states) {  // the backward's layout at the common shape (keep_forward)
+      const float* const scales = p.ws.state_scales + state_scales_at(state, e0, V, K);
+      load_scaled_half_rows(h, kLdB, static_cast<const __half*>(p.ws.states) + state * K * V + e0, V, scales, Kp,
+                            kTile, K, width);
+    }
+  }
+  if (!p.ws.half_states) {
+    copy_rows_async(h, kLdB, static_cast<const Stored*>(p.ws.states) + state * K * V + e0, V, Kp, kTile, K, width);
+  }
   copy_rows_async(P, ldp, static_cast<const Stored*>(p.ws.P) + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l,
                   C);
   copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);

@@ -9,9 +9,10 @@
 //   operand to 2^-17 (a TF32 operand keeps 2^-11), with no copy of S or delta through shared
 //   memory, and each product reads its B operand once.
 // - F5 may run inside the pass (Stored = void): o^T = s S^T Q_up^T + delta^T P^T (S's hi part, the
-//   bf16 states that fwd_output reads), o leaving in bf16; else (Stored = float) the states and
-//   delta leave in fp32, rounded to TF32 (tf32_rounded: bwd_wy_inter's TF32 wgmma products read
-//   them as they are). Both leave in whole 16-byte rows from shared memory.
+//   bf16 states that fwd_output reads), o leaving in bf16; else (Stored = __half) the states leave
+//   in fp16 with a scale per row of the tile (common/scaled_half.cuh) and delta in fp32, rounded
+//   to TF32 (tf32_rounded: bwd_wy_inter's TF32 wgmma products read it as it is). Each leaves in
+//   whole rows of the tile from shared memory.
 // One thread issues the copies: the next chunk's W, U, gamma_L (and Q_up) once this chunk's have
 // been read, its K_down (and P) once this chunk's update has run, each group on its mbarrier.
 #pragma once
@@ -21,6 +22,7 @@
 #include <cuda.h>
 
 #include "cuda/common/mma.cuh"
+#include "cuda/common/scaled_half.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -55,7 +57,7 @@ struct SliceSummary {};
 // Shared memory, byte offsets from a 1024-byte aligned base: TMA boxes of 64 rows x 128 bytes,
 // W, K_down (and Q_up) in two column halves, U in two of 32 columns (and P in one); the tiles on
 // their way to global memory: with kOutput o [C, 64] bf16, else delta [C, 64] and the state
-// [K, 64] fp32 (SwizzledByRow); gamma_L [K] as copied, exp(gamma_L) [K], two mbarriers.
+// [K, 64] fp32 (SwizzledByRow), the state unrounded; gamma_L [K] as copied, exp(gamma_L) [K], two mbarriers.
 // About 82 KB with kOutput, 98 KB without: two blocks per SM.
 template <bool kOutput>
 struct FwdStateWgmmaLayout {
@@ -73,20 +75,21 @@ struct FwdStateWgmmaLayout {
   static constexpr uint32_t kUpdateBytes = (kOutput ? 3 : 2) * kBox;
 };
 
-// Stored: void, F5 inside the pass (ws.output_in_state_pass); float, the states and delta in fp32
-// (the backward's layout; at the common shape bf16 states come only with F5 inside); SliceSummary.
+// Stored: void, F5 inside the pass (ws.output_in_state_pass); __half, the states in fp16 with row
+// scales and delta in fp32 (the backward's layout, ws.half_states); SliceSummary.
 // The block's work in time slice `slice` (0 without slices), for fwd_state_wgmma_kernel and for
 // the backward's state_passes_kernel; params: a kernel parameter (its tensor maps are read by TMA
 // where they are).
 template <typename Stored>
 __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& params, int64_t slice) {
-  constexpr bool kOutput = std::is_void_v<Stored>, kStates = std::is_same_v<Stored, float>;
+  constexpr bool kOutput = std::is_void_v<Stored>, kStates = std::is_same_v<Stored, __half>;
   constexpr bool kSummary = std::is_same_v<Stored, SliceSummary>;
-  static_assert(kOutput || kStates || kSummary, "o, fp32 states and delta, or the slices' summaries");
+  static_assert(kOutput || kStates || kSummary, "o, the states and delta, or the slices' summaries");
   using L = FwdStateWgmmaLayout<kOutput>;
   constexpr int kThreads = L::kThreads, C = L::kC, K = L::kK, kTile = L::kTile, kBox = L::kBox;
   constexpr int V = CommonDims::v(ForwardParams{});
   static_assert(CommonDims::chunk(ForwardParams{}) == C && CommonDims::k(ForwardParams{}) == K, "the common shape");
+  static_assert(kTile == kStateScaleCols, "a scale per row of the tile (store_scaled_half_rows)");
   const ForwardParams& p = params.p;
   const WgmmaStateBlock<kTile, kSummary ? V + K : V> b(p);
   // A summary's tiles past V map the entering state: no U (zero), the identity to start from.
@@ -182,7 +185,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         for_each_acc(s[h], [&](int r, int col, float x) {
-          *reinterpret_cast<float*>(smem + L::states + L::Rows32::at(64 * h + col, v0 + r)) = tf32_rounded(x);
+          *reinterpret_cast<float*>(smem + L::states + L::Rows32::at(64 * h + col, v0 + r)) = x;
         });
       }
     }
@@ -262,8 +265,9 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     }
     wgmma_commit();
     if constexpr (kStates) {  // while the products run: h_j and delta in whole rows
-      store_cells16<kThreads, K, kTile / 4>(static_cast<Stored*>(p.ws.states) + base + b.e0, 4 * V, smem + L::states,
-                                            K, L::Rows32::cell);
+      store_scaled_half_rows<kThreads, K>(static_cast<__half*>(p.ws.states) + base + b.e0, V,
+                                          p.ws.state_scales + state_scales_at(b.first_state + j * p.HV, b.e0, V, K),
+                                          smem + L::states, L::Rows32::cell);
       store_cells16<kThreads, C, kTile / 4>(p.ws.delta + (b.first + j * b.step) * V + b.e0, 4 * p.HV * V,
                                             smem + L::out, l, L::Rows32::cell);
     }

@@ -74,9 +74,9 @@ void state_wgmma_launch(const Problem& p, const FwdStateWgmmaParams& args, int64
 
 // F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
 // registers (fwd_state_wgmma), else the mma.sync pass. With ws.output_in_state_pass the wgmma pass
-// writes o (F5) and keeps the states on chip. At the common shape it always runs on wgmma: B3's
-// TF32 wgmma products (backward/wy_inter_state_wgmma.cuh) read its fp32 states and delta as
-// stored, rounded to TF32.
+// writes o (F5) and keeps the states on chip, else it writes the states in fp16 with row scales
+// (ws.half_states) and delta in fp32 rounded to TF32, as B3's TF32 wgmma products
+// (backward/wy_inter_state_wgmma.cuh) read them.
 template <Products kP, typename Dims>
 void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims>) {
@@ -84,9 +84,8 @@ void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
       state_wgmma_launch<typename decltype(stored)::type>(p, fwd_state_wgmma_params(p, params), p.V, 1, s);
     };
     if (params.ws.output_in_state_pass) return wgmma_pass(TypeTag<void>{});
-    // At the common shape bf16 states come with output_in_state_pass only (ForwardWorkspace::carve).
-    FKT_CHECK(params.ws.p_states_dtype == DType::kF32) << "internal: fp32 states expected at the common shape";
-    wgmma_pass(TypeTag<float>{});
+    FKT_CHECK(params.ws.half_states) << "internal: fp16 states expected at the common shape";
+    wgmma_pass(TypeTag<__half>{});
   } else {
     const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kP));
     with_state_residency<kP>(p, smem, [&](auto residency) {

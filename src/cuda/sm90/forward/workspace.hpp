@@ -10,6 +10,16 @@
 
 namespace fkt::cuda {
 
+// The states kept in fp16 (ForwardWorkspace::half_states) and their gradients take one scale per
+// this many columns of a state row: the state passes' V-tile.
+inline constexpr int kStateScaleCols = 64;
+
+// Where the scales of the rows of state block `block` (chunk * HV + value head), columns from e on,
+// start in state_scales or d_state_scales ([chunks, HV, V / kStateScaleCols, K]).
+__host__ __device__ constexpr int64_t state_scales_at(int64_t block, int e, int V, int K) {
+  return (block * (V / kStateScaleCols) + e / kStateScaleCols) * K;
+}
+
 struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay, which F2 computes (F1) in
                            // shared memory and writes here for the backward's stages; nullptr in the
@@ -34,6 +44,11 @@ struct ForwardWorkspace {
   void* states;            // [chunks, HV, K, V] state entering each chunk (F4); nullptr with
                            // output_in_state_pass
   DType p_states_dtype;
+  // The backward's layout at the common shape with bf16 products keeps the states in fp16, not
+  // p_states_dtype, with a power-of-two scale per (state row, 64-column V-tile) in state_scales
+  // (state_scales_at; fwd_state_wgmma<__half>, common/scaled_half.cuh): B3 and F5 widen them.
+  bool half_states;
+  float* state_scales;
   // F5 runs inside F4 (fwd_state_wgmma's output variant) where o is the last reader of the states
   // and delta: the forward's own layout at the common shape with bf16 operands. The states are not
   // kept then, and delta is not written.
@@ -74,7 +89,10 @@ struct ForwardWorkspace {
     w.q_up = m.take<char>(rows * p.K * q_up_bytes);
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
-    w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * p_states_bytes);
+    w.half_states = for_backward && operand_bytes == 2 && CommonDims::matches(p);
+    const int64_t states_bytes = w.half_states ? 2 : p_states_bytes;
+    w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * states_bytes);
+    if (w.half_states) w.state_scales = m.take<float>(state_scales_at(chunks(p) * p.HV, 0, p.V, p.K));
     w.g_last = m.take<float>(chunks(p) * p.HV * p.K);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
     if (for_backward) {
