@@ -47,8 +47,9 @@ def _aligned(nbytes: int) -> int:
 def _saved_bytes(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int, backend: str) -> int:
     """fkt_sizes.saved_bytes of a recomputing call, for the fake (cuda/sm90/saved.hpp): on CUDA the fp32
     states entering all but the first of the time segments of dense inputs (cuda/sm90/segments.hpp,
-    time_segments: up to three of at least eight chunks), then T and P, [B*T, HV, chunk] fp32 each.
-    test_cuda_backward checks it against the library's."""
+    time_segments: up to three of at least eight chunks), then T and P, [B*T, HV, chunk] each: T fp32,
+    P in the products' operand type (bf16 for bfloat16 q, else fp32). test_cuda_backward checks it
+    against the library's."""
     if backend == "cpu" or q.device.type != "cuda":
         return 0
     B, T, HV = q.shape[0], q.shape[1], v.shape[2]
@@ -58,7 +59,8 @@ def _saved_bytes(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], chunk_size:
     if cu_seqlens is None and count >= 2:
         count = -(-chunks // -(-chunks // count))  # ranges of ceil(chunks / count) chunks
         states = (count - 1) * B * HV * q.shape[-1] * v.shape[-1] * 4
-    return _aligned(states) + 2 * _aligned(B * T * HV * chunk_size * 4)
+    p_bytes = 2 if q.dtype == torch.bfloat16 else 4
+    return _aligned(states) + _aligned(B * T * HV * chunk_size * 4) + _aligned(B * T * HV * chunk_size * p_bytes)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],

@@ -379,7 +379,8 @@ def test_time_segments_match_one_pass(monkeypatch, dtype, B, T, chunk, gva, l2no
     (segmented_ws, kept), (one_pass_ws, packed_kept) = sizes[0], sizes[-1]
     chunks = -(-T // chunk)
     count = -(-chunks // -(-chunks // min(3, chunks // 8)))
-    t_and_p = 2 * B * T * HV * chunk * 4  # fp32 T and P, saved by both (sizes of 64-byte multiples)
+    p_bytes = 2 if dtype == torch.bfloat16 else 4  # P in the operands' type, T fp32, saved by both
+    t_and_p = B * T * HV * chunk * (4 + p_bytes)  # (sizes of 64-byte multiples)
     assert kept == (count - 1) * B * HV * K * K * 4 + t_and_p and packed_kept == t_and_p, sizes
     assert segmented_ws < 1.2 * one_pass_ws / count, (segmented_ws, one_pass_ws)
     for name in ("o", "final_state"):

@@ -147,13 +147,13 @@ void with_d_o_storage(DType d_o, F f) {
   f(float{});
 }
 
-// The element type of the forward's P and states (ForwardWorkspace::p_states_dtype): bf16, which
-// occurs with bf16 operands only (ForwardWorkspace::carve), or fp32. Calls f(element) with a value
-// of that type.
+// The element type of the forward's states (ForwardWorkspace::states_dtype): bf16, which occurs
+// with bf16 operands only (ForwardWorkspace::carve), or fp32. Calls f(element) with a value of that
+// type.
 template <Products kP, typename F>
-void with_states_storage(DType p_states, F f) {
+void with_states_storage(DType states, F f) {
   if constexpr (kP == Products::kTf32) {
-    if (p_states == DType::kBF16) return f(__nv_bfloat16{});
+    if (states == DType::kBF16) return f(__nv_bfloat16{});
   }
   f(float{});
 }

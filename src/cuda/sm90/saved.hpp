@@ -15,16 +15,17 @@ namespace fkt::cuda {
 
 struct SavedLayout {
   float* segment_states;  // [segments - 1, N, HV, K, V]
-  float* T;               // [B*T, HV, C] rows of the inputs as given (b * T + t) * HV + head
-  float* P;               // [B*T, HV, C] fp32, the same rows
+  float* T;               // [B*T, HV, C] fp32, rows of the inputs as given (b * T + t) * HV + head
+  void* P;                // [B*T, HV, C] the same rows, of operand_bytes (ForwardWorkspace::P_dtype):
+                          // the forward's F2 writes it as its F4 or F5 reads it
 
-  static SavedLayout carve(Carver& m, const Problem& p) {
+  static SavedLayout carve(Carver& m, const Problem& p, int operand_bytes) {
     SavedLayout s{};
     if (p.keep_forward) return s;
     const int64_t rows = p.B * p.T * p.HV;
     s.segment_states = m.take<float>((time_segments(p).count - 1) * segment_state_elements(p));
     s.T = m.take<float>(rows * p.chunk);
-    s.P = m.take<float>(rows * p.chunk);
+    s.P = m.take<char>(rows * p.chunk * operand_bytes);
     return s;
   }
 };

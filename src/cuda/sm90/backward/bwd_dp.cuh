@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
+#include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/round_up.hpp"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
@@ -65,12 +66,14 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   if constexpr (sizeof(DoT) == 2) {
     copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + io_first, io_v, C, Vp, l, V);
   }
-  // P by rows of the inputs as given (ForwardWorkspace::P).
-  if constexpr (kIntra) {
-    copy_rows_async(P, ldp, static_cast<const float*>(f.ws.P) + io_at(0) * C, static_cast<int64_t>(f.io_HV) * C, C,
-                    C, l, C);
-  }
+  // P by rows of the inputs as given, in the operands' type (ForwardWorkspace::P): fp32 copied,
+  // bf16 widened once the copies are in flight.
+  using Op = Operand<kP>;
+  const Op* const p_rows = static_cast<const Op*>(f.ws.P) + io_at(0) * C;
+  const int64_t p_stride = static_cast<int64_t>(f.io_HV) * C;
+  if constexpr (kIntra && sizeof(Op) == 4) copy_rows_async(P, ldp, p_rows, p_stride, C, C, l, C);
   cp_async_commit();
+  if constexpr (kIntra && sizeof(Op) == 2) load_rows_as_float<1, Op>({{P}}, ldp, {{p_rows}}, p_stride, C, C, l, C);
   if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, io_first, io_v, C, Vp, l, V);
   cp_async_wait<0>();
   __syncthreads();

@@ -14,7 +14,6 @@
 #include "cuda/common/batched.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/round_up.hpp"
-#include "cuda/common/scaled_half.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/vec4.cuh"
@@ -23,6 +22,7 @@
 #include "cuda/sm90/backward/wy_inter_state_wgmma.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
+#include "cuda/sm90/forward/state_rows.cuh"
 
 namespace fkt::cuda {
 
@@ -157,13 +157,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
       const int width = min(kTile, V - e0);
       __syncthreads();
       const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
-      if (f.ws.half_states) {  // at the common shape (with a dO that keeps B2 off wgmma)
-        const float* const scales = f.ws.state_scales + state_scales_at(chunk * f.HV + head, e0, V, K);
-        load_scaled_half_rows(S, lds, static_cast<const __half*>(f.ws.states) + state + e0, V, scales, Kp, kTile, K,
-                              width);
-      } else {
-        copy_rows_async(S, lds, static_cast<const float*>(f.ws.states) + state + e0, V, Kp, kTile, K, width);
-      }
+      load_state_rows(S, lds, f.ws, chunk * f.HV + head, K, V, e0, Kp, kTile, width);
       copy_rows_async(dS, lds, p.ws.d_states + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);

@@ -363,7 +363,7 @@ void backward(const Problem& p, const fkt_backward_io& io, void* stream) {
   Carver carver(TensorRef(io.workspace, "workspace").bytes());
   const BackwardLayout layout = carve_backward(carver, p, plan);
   Carver saved_carver(p.keep_forward ? nullptr : TensorRef(io.saved, "saved").bytes());
-  const SavedLayout saved = SavedLayout::carve(saved_carver, p);
+  const SavedLayout saved = SavedLayout::carve(saved_carver, p, operand_bytes(products_for(p)));
   if (plan.segmented()) return backward_segments(p, plan.segments, io, layout, saved, stream);
   if (plan.grouped()) return backward_sequence_groups(p, plan.groups, io, layout, saved, stream);
   const int groups = plan.head_groups;

@@ -82,7 +82,7 @@ inline BackwardParams view_params(BackwardParams params, const Problem& p, int64
   f.initial_state = advance(f.initial_state, heads * K * V, DType::kF32);
   if (f.ws.recompute) {  // the forward's saved T and P, rows of the inputs as given
     f.ws.T = advance(f.ws.T, rows * f.chunk, DType::kF32);
-    f.ws.P = advance(f.ws.P, rows * f.chunk, DType::kF32);
+    f.ws.P = advance(f.ws.P, rows * f.chunk, f.ws.P_dtype);
   }
   f.io_T = p.T;
   f.io_H = static_cast<int32_t>(p.H);

@@ -8,10 +8,10 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/common/mma_pairs.cuh"
 #include "cuda/common/round_up.hpp"
-#include "cuda/common/scaled_half.cuh"
 #include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/dims.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
+#include "cuda/sm90/forward/state_rows.cuh"
 
 namespace fkt::cuda {
 
@@ -30,7 +30,7 @@ struct OutputConfig {
   }
   static constexpr int kLdB = kTileV + 8;
   // Shared memory: Q_up [C, ld_a] of Op, h [Kp, kLdB] and P [C, ld_a] of Stored (the elements of
-  // the forward's P and states), delta [C, kLdB] of fp32; each a multiple of 16 bytes (C is a
+  // the forward's states), delta [C, kLdB] of fp32; each a multiple of 16 bytes (C is a
   // multiple of 16).
   template <typename Op, typename Stored>
   static size_t smem_bytes(int C, int K) {
@@ -39,7 +39,7 @@ struct OutputConfig {
   }
 };
 
-// Stored: the element type of the forward's P and states (p.ws.p_states_dtype).
+// Stored: the element type of the states (p.ws.states_dtype) and of P's and h's tiles.
 template <Products kP, typename Stored, typename Dims>
 __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(const __grid_constant__ ForwardParams p) {
   constexpr int kTile = OutputConfig::kTileV, kLdB = OutputConfig::kLdB, kCols = OutputConfig::kWarpCols;
@@ -65,19 +65,18 @@ __global__ void __launch_bounds__(OutputConfig::kThreads) fwd_output_kernel(cons
   copy_rows_async(qu, ldq, reinterpret_cast<const Op*>(p.ws.q_up) + row_at(0) * K, stride_q, C, Kp, l, K);
   const int64_t state = chunk * p.HV + head;
   if constexpr (std::is_same_v<Stored, float>) {
-    if (p.ws.half_states) {  // the backward's layout at the common shape (keep_forward)
-      const float* const scales = p.ws.state_scales + state_scales_at(state, e0, V, K);
-      load_scaled_half_rows(h, kLdB, static_cast<const __half*>(p.ws.states) + state * K * V + e0, V, scales, Kp,
-                            kTile, K, width);
-    }
-  }
-  if (!p.ws.half_states) {
+    load_state_rows(h, kLdB, p.ws, state, K, V, e0, Kp, kTile, width);
+  } else {
     copy_rows_async(h, kLdB, static_cast<const Stored*>(p.ws.states) + state * K * V + e0, V, Kp, kTile, K, width);
   }
-  copy_rows_async(P, ldp, static_cast<const Stored*>(p.ws.P) + row_at(0) * C, static_cast<int64_t>(p.HV) * C, C, C, l,
-                  C);
+  // P holds operands (ForwardWorkspace::P_dtype): bf16 P into fp32 rows (the backward's layout,
+  // keep_forward) is widened once the copies are in flight.
+  const Op* const p_rows = static_cast<const Op*>(p.ws.P) + row_at(0) * C;
+  const int64_t stride_p = static_cast<int64_t>(p.HV) * C;
+  if constexpr (std::is_same_v<Op, Stored>) copy_rows_async(P, ldp, p_rows, stride_p, C, C, l, C);
   copy_rows_async(delta, kLdB, p.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
   cp_async_commit();
+  if constexpr (!std::is_same_v<Op, Stored>) load_rows_as_float<1, Op>({{P}}, ldp, {{p_rows}}, stride_p, C, C, l, C);
   cp_async_wait<0>();
   __syncthreads();
   // Warp tasks: (16-row tile, 32-column half of the V-tile); P is lower triangular, so row tile R

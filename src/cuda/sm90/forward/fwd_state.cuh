@@ -74,7 +74,7 @@ __device__ __forceinline__ void fwd_state_pass(const ForwardParams& p, int64_t n
     issue_values(0);
     issue_update(0);
   }
-  const DType states_dtype = p.ws.p_states_dtype;
+  const DType states_dtype = p.ws.states_dtype;
   const bool states_paired = pairs_aligned(p.ws.states, states_dtype, V);
   const bool delta_paired = pairs_aligned(p.ws.delta, DType::kF32, V);
   // The state into a tensor like the initial state (a time segment's start, or the final state).

@@ -19,7 +19,7 @@ __device__ __forceinline__ int2 strict_pair(int idx) {
   return {r, idx - r * (r - 1) / 2};
 }
 
-// P and A of a chunk of l rows: P stored (p_states_dtype into ws.P, fp32 into saved_P when set) at
+// P and A of a chunk of l rows: P stored (P_dtype into ws.P, the forward's saved P when it saves) at
 // element `first` of the (token, value head) rows, zero above its live diagonal blocks; A into A's
 // tile, in q's room once every warp has read q: the live blocks on and below the diagonal, zero on
 // and above it. The warps with fewer blocks than others take the zeros of P and then
@@ -37,12 +37,9 @@ __device__ __forceinline__ void p_and_a(const ForwardParams& p, const IntraTiles
   const float* g = tiles.g;
   const float* beta = tiles.beta;
   const int64_t stride = static_cast<int64_t>(p.HV) * C;
-  const bool paired = pairs_aligned(p.ws.P, p.ws.p_states_dtype, stride);
-  const bool saved_paired = pairs_aligned(p.saved_P, DType::kF32, stride);
+  const bool paired = pairs_aligned(p.ws.P, p.ws.P_dtype, stride);
   auto store_p = [&](int r, int i, float2 x) {  // P[r, i:i + 2], i even
-    const int64_t at = first + r * stride + i;
-    store_pair(p.ws.P, p.ws.p_states_dtype, at, x, true, paired);
-    if (p.saved_P != nullptr) store_pair(p.saved_P, DType::kF32, at, x, true, saved_paired);
+    store_pair(p.ws.P, p.ws.P_dtype, first + r * stride + i, x, true, paired);
   };
   // The warp's block in a round: its first row R0 and column c0 (the live diagonal blocks first).
   struct Block {

@@ -261,7 +261,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
     with_dims<kP>(p, [&](auto dims) { state_pass<kP, decltype(dims)>(p, params, s); });
     if (params.o == nullptr || params.ws.output_in_state_pass) return;
     const dim3 grid(chunks * ceil_div(static_cast<unsigned>(p.V), OutputConfig::kTileV), heads);
-    with_states_storage<kP>(params.ws.p_states_dtype, [&](auto stored) {
+    with_states_storage<kP>(params.ws.states_dtype, [&](auto stored) {
       using Stored = decltype(stored);
       with_dims<kP>(p, [&](auto dims) {
         launch(fwd_output_kernel<kP, Stored, decltype(dims)>, grid, OutputConfig::kThreads,
@@ -273,7 +273,7 @@ void forward_stages(const Problem& p, const ForwardParams& params, Products prod
 
 uint64_t saved_bytes(const Problem& p) {
   Carver measure;
-  SavedLayout::carve(measure, p);
+  SavedLayout::carve(measure, p, operand_bytes(products_for(p)));
   return measure.bytes();
 }
 
@@ -286,9 +286,9 @@ void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
   if (!p.keep_forward && out.saved != nullptr) {  // F2 keeps T and P, F4 the segments' entering states
     Carver saved_carver(TensorRef(out.saved, "saved").bytes());
-    const SavedLayout saved = SavedLayout::carve(saved_carver, p);
+    const SavedLayout saved = SavedLayout::carve(saved_carver, p, operand_bytes(products_for(p)));
     params.ws.T = saved.T;
-    params.saved_P = saved.P;
+    params.ws.P = saved.P;  // of ws.P's dtype: F4 or F5 read it there
     if (const TimeSegments segments = time_segments(p); segments.count > 1) {
       params.segment_states = saved.segment_states;
       params.segment_chunks = segments.length / p.chunk;

@@ -26,9 +26,6 @@ struct ForwardParams {
   // [segments - 1, N, HV, K, V] (or V, K) fp32: the state entering each time segment but the first
   // (sm90/segments.hpp), which F4 writes when set; may be nullptr.
   float* segment_states;
-  // [B*T, HV, C] fp32: P kept for the backward (saved.hpp), which F2 writes next to ws.P when set
-  // (the forward's own layout, whose ws.P may be bf16); may be nullptr.
-  float* saved_P;
   ForwardWorkspace ws;
   DType qk_dtype, v_dtype, beta_dtype, o_dtype, offsets_dtype;
   BetaMode beta_mode;

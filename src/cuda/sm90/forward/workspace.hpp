@@ -24,13 +24,14 @@ struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay, which F2 computes (F1) in
                            // shared memory and writes here for the backward's stages; nullptr in the
                            // forward's own layout
-  // P and the states hold elements of p_states_dtype: bf16 in the forward's own layout for bf16
-  // products, where F5 alone reads them (as TF32 operands, which hold bf16 exactly, or as bf16
-  // wgmma operands inside F4), else fp32 (the backward's layout: B1 to B3 read them as fp32).
-  // In the backward's layout P and T are rows of the inputs as given ((b * io_T + t) * io_HV +
-  // head, the rows that every other layout shares with the workspace): with `recompute` the
-  // forward's saved ones (sm90/saved.hpp), seen through the part's view (backward/views.hpp).
+  // P holds elements of P_dtype, the operands' (bf16 for bf16 products, else fp32), in every
+  // layout: F5 reads it as TF32 operands (which hold bf16 exactly) or as bf16 wgmma operands inside
+  // F4, B1 widens it. In the backward's layout P and T are rows of the inputs as given ((b * io_T +
+  // t) * io_HV + head, the rows that every other layout shares with the workspace): with `recompute`
+  // the forward's saved ones (sm90/saved.hpp), seen through the part's view (backward/views.hpp).
+  // There P's region keeps the fp32 size, which dA takes once B1 has read P.
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
+  DType P_dtype;
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
   // sized for the backward's dq (fp32) when the backward reads this layout.
@@ -41,11 +42,13 @@ struct ForwardWorkspace {
   float* U;                // [B*T, HV, V] (F3)
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
                            // of a chunk's rows and columns after reading the same rows and columns of U
+  // The states hold elements of states_dtype: bf16 in the forward's own layout for bf16 products,
+  // where F5 alone reads them, else fp32 (the backward's layout: B3 reads them as fp32).
   void* states;            // [chunks, HV, K, V] state entering each chunk (F4); nullptr with
                            // output_in_state_pass
-  DType p_states_dtype;
+  DType states_dtype;
   // The backward's layout at the common shape with bf16 products keeps the states in fp16, not
-  // p_states_dtype, with a power-of-two scale per (state row, 64-column V-tile) in state_scales
+  // states_dtype, with a power-of-two scale per (state row, 64-column V-tile) in state_scales
   // (state_scales_at; fwd_state_wgmma<__half>, common/scaled_half.cuh): B3 and F5 widen them.
   bool half_states;
   float* state_scales;
@@ -71,15 +74,15 @@ struct ForwardWorkspace {
   static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
-    // The forward's own layout with bf16 operands, where F5 is the last reader: P and the states in
-    // bf16.
+    // The forward's own layout with bf16 operands, where F5 is the last reader: the states in bf16.
     const bool compact = !for_backward && operand_bytes == 2;
     w.output_in_state_pass = compact && CommonDims::matches(p);
-    w.p_states_dtype = compact ? DType::kBF16 : DType::kF32;
-    const int64_t p_states_bytes = dtype_bytes(w.p_states_dtype);
+    w.states_dtype = compact ? DType::kBF16 : DType::kF32;
+    w.P_dtype = operand_bytes == 2 ? DType::kBF16 : DType::kF32;
     w.recompute = for_backward && !p.keep_forward;
     w.gamma = for_backward ? m.take<float>(rows * p.K) : nullptr;
-    w.P = w.recompute ? nullptr : m.take<char>(rows * p.chunk * p_states_bytes);
+    const int64_t p_bytes = for_backward ? static_cast<int64_t>(sizeof(float)) : operand_bytes;
+    w.P = w.recompute ? nullptr : m.take<char>(rows * p.chunk * p_bytes);
     // K_down's start, aligned as every carved array's.
     const auto operand = static_cast<int64_t>(Carver::aligned(static_cast<size_t>(rows * p.K * operand_bytes)));
     char* w_kd = m.take<char>(2 * operand);
@@ -90,7 +93,7 @@ struct ForwardWorkspace {
     w.U = m.take<float>(rows * p.V);
     w.delta = w.U;
     w.half_states = for_backward && operand_bytes == 2 && CommonDims::matches(p);
-    const int64_t states_bytes = w.half_states ? 2 : p_states_bytes;
+    const int64_t states_bytes = w.half_states ? 2 : dtype_bytes(w.states_dtype);
     w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * states_bytes);
     if (w.half_states) w.state_scales = m.take<float>(state_scales_at(chunks(p) * p.HV, 0, p.V, p.K));
     w.g_last = m.take<float>(chunks(p) * p.HV * p.K);
