@@ -72,6 +72,9 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
     load_batch(l - 1, dgamma, g);
     for (int r0 = l - 1; r0 >= 0; r0 -= kBatch) {
       if (r0 - kBatch >= 0) load_batch(r0 - kBatch, next_dgamma, next_g);
+      // A batch's terms of the parameter gradients summed in fp32, then added in fp64: one
+      // conversion each a batch (they run on the SM's narrow conversion pipe).
+      float dA_log_batch = 0.f, ddt_bias_batch = 0.f;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (r0 - u < 0) break;
@@ -80,16 +83,20 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
         if constexpr (kInKernel) {
           const float x = g[u] + bias;
           if constexpr (kMode == GateMode::kSoftplus) {
-            dx = -da * rate * (x > 20.f ? 1.f : sigmoid(x));
-            dA_log += static_cast<double>(da * (-rate * softplus(x)));  // da * a
+            dx = -da * rate * (x > 20.f ? 1.f : sigmoid_fast(x));
+            dA_log_batch += da * (-rate * softplus_fast(x));  // da * a
           } else {
-            const float sig = sigmoid(rate * x);
+            const float sig = sigmoid_fast(rate * x);
             dx = da * gate.lower_bound * sig * (1.f - sig) * rate;
-            dA_log += static_cast<double>(dx * x);
+            dA_log_batch += dx * x;
           }
-          ddt_bias += static_cast<double>(dx);
+          ddt_bias_batch += dx;
         }
         if (dg) dg[io_first + (r0 - u) * io_stride + d] = from_float<GT>(dx);
+      }
+      if constexpr (kInKernel) {
+        dA_log += static_cast<double>(dA_log_batch);
+        ddt_bias += static_cast<double>(ddt_bias_batch);
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
