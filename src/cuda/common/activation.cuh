@@ -13,9 +13,9 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)
 // The same on the SFU (ex2, lg2 and rcp approx.: relative errors about 2^-22, PTX ISA) and without
 // branches, for the gate, which F2 evaluates for every element of a latency-bound kernel (with the
 // precise forms, whose division and log1pf branch, F2's two runs at B1_T8192_H96 took 3.19 ms
-// instead of 2.94), and so does bwd_gate for its gradient. Their absolute errors, under 1e-6, sit far below the fp32 rounding of
-// the chunk cumsum they feed (gamma reaches hundreds). softplus of x < -16 comes out 0 where
-// 1 + e^x rounds to 1 (the true value is below 1.2e-7).
+// instead of 2.94), and for bwd_gate's gradient of it. Their absolute errors, under 1e-6, sit far
+// below the fp32 rounding of the chunk cumsum they feed (gamma reaches hundreds). softplus of
+// x < -16 comes out 0 where 1 + e^x rounds to 1 (the true value is below 1.2e-7).
 __device__ __forceinline__ float rcp_fast(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
