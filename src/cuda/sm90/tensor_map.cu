@@ -31,7 +31,7 @@ CUtensorMap encode_3d(const void* base, DType dtype, const int64_t (&dims)[3], c
                       int box1, int box2) {
   FKT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32)
       << "internal: tensor maps of bf16, fp16 or fp32 rows";
-  const int64_t bytes = dtype == DType::kF32 ? 4 : 2;
+  const int64_t bytes = dtype_bytes(dtype);
   const CUtensorMapDataType type = dtype == DType::kBF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                    : dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
