@@ -157,6 +157,19 @@ __device__ __forceinline__ void wgmma_tf32_rs(float (&acc)[16][4], const uint32_
       : FKT_WGMMA_N128_ACC_OPERANDS(acc)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
+
+// The same, m64n64k8: acc holds 8 n-tiles of 8 columns.
+__device__ __forceinline__ void wgmma_tf32_rs(float (&acc)[8][4], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : FKT_WGMMA_ACC4(acc, 0), FKT_WGMMA_ACC4(acc, 1), FKT_WGMMA_ACC4(acc, 2), FKT_WGMMA_ACC4(acc, 3),
+        FKT_WGMMA_ACC4(acc, 4), FKT_WGMMA_ACC4(acc, 5), FKT_WGMMA_ACC4(acc, 6), FKT_WGMMA_ACC4(acc, 7)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
 #undef FKT_WGMMA_N128_ACC_OPERANDS
 #undef FKT_WGMMA_ACC4
 #undef FKT_WGMMA_N128_ACC_REGS

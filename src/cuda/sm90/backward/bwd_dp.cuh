@@ -1,5 +1,6 @@
 // B1 on CUDA, one block per (chunk, value head): dP = s * tril(dO delta^T) (the gradient of M_qk)
-// and the intra part of d_delta, P^T dO, on tensor cores (common/mma.cuh).
+// and the intra part of d_delta, P^T dO, on tensor cores (common/mma.cuh). Where B2 runs on wgmma,
+// B2 and B3 form these themselves and B1 is not launched (backward/launch.cu).
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -12,11 +13,6 @@
 #include "cuda/sm90/forward/chunks.cuh"
 
 namespace fkt::cuda {
-
-// What a launch forms: both parts in one pass, or one of them, dP (which reads delta) or the intra
-// part of d_delta (which reads P): the backward runs B2 beside the recomputed F4 between the two
-// (state_passes_kernel).
-enum class DpParts { kBoth, kDp, kIntra };
 
 struct DpConfig {
   static constexpr int kThreads = 256;
@@ -31,22 +27,20 @@ struct DpConfig {
     return sizeof(DoT) == 2 ? ld_rows16(V) : ld_v(V);
   }
   // Shared memory: dO [C, ld_o] of DoT (a multiple of 16 bytes: C is a multiple of 16), then fp32
-  // delta [C, ld_v] (for dP) and P [C, ld_p] (for the intra part), each only where read.
+  // delta [C, ld_v] (for dP) and P [C, ld_p] (for the intra part).
   template <typename DoT>
   __host__ __device__ static int d_o_floats(int C, int V) {
     return C * ld_o<DoT>(V) * static_cast<int>(sizeof(DoT)) / 4;
   }
-  template <typename DoT, DpParts kParts = DpParts::kBoth>
+  template <typename DoT>
   static size_t smem_bytes(int C, int V) {
-    return sizeof(float) * (d_o_floats<DoT>(C, V) + (kParts != DpParts::kIntra ? C * ld_v(V) : 0) +
-                            (kParts != DpParts::kDp ? C * ld_p(C) : 0));
+    return sizeof(float) * (d_o_floats<DoT>(C, V) + C * ld_v(V) + C * ld_p(C));
   }
 };
 
 // DoT: dO in shared memory, 16-bit as given (with_d_o_storage) or widened to fp32.
-template <Products kP, typename Dims, typename DoT, DpParts kParts = DpParts::kBoth>
+template <Products kP, typename Dims, typename DoT>
 __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid_constant__ BackwardParams p) {
-  constexpr bool kDp = kParts != DpParts::kIntra, kIntra = kParts != DpParts::kDp;
   const ForwardParams& f = p.fwd;
   const ChunkSpan c = chunk_span(f, blockIdx.x);
   const int head = blockIdx.y, C = Dims::chunk(f), V = Dims::v(f), l = static_cast<int>(c.rows);
@@ -55,14 +49,14 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   extern __shared__ __align__(16) float smem[];
   DoT* d_o = reinterpret_cast<DoT*>(smem);                // [C, ldo]
   float* delta = smem + DpConfig::d_o_floats<DoT>(C, V);  // [C, ldv]
-  float* P = delta + (kDp ? C * ldv : 0);                 // [C, ldp]
+  float* P = delta + C * ldv;                             // [C, ldp]
   const int warp = threadIdx.x / 32;
   auto row_at = [&](int r) { return (c.first_row + r) * f.HV + head; };
   auto io_at = [&](int r) { return (c.io_row + r) * f.io_HV + head; };  // the same in dO and P
   const int64_t io_first = io_at(0) * V, io_v = static_cast<int64_t>(f.io_HV) * V;  // dO
   // Rows past the chunk's end and columns past V are zero.
   const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
-  if constexpr (kDp) copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, stride_v, C, Vp, l, V);
+  copy_rows_async(delta, ldv, f.ws.delta + row_at(0) * V, stride_v, C, Vp, l, V);
   if constexpr (sizeof(DoT) == 2) {
     copy_rows16_async(d_o, ldo, static_cast<const DoT*>(p.d_o) + io_first, io_v, C, Vp, l, V);
   }
@@ -71,14 +65,14 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   using Op = Operand<kP>;
   const Op* const p_rows = static_cast<const Op*>(f.ws.P) + io_at(0) * C;
   const int64_t p_stride = static_cast<int64_t>(f.io_HV) * C;
-  if constexpr (kIntra && sizeof(Op) == 4) copy_rows_async(P, ldp, p_rows, p_stride, C, C, l, C);
+  if constexpr (sizeof(Op) == 4) copy_rows_async(P, ldp, p_rows, p_stride, C, C, l, C);
   cp_async_commit();
-  if constexpr (kIntra && sizeof(Op) == 2) load_rows_as_float<1, Op>({{P}}, ldp, {{p_rows}}, p_stride, C, C, l, C);
+  if constexpr (sizeof(Op) == 2) load_rows_as_float<1, Op>({{P}}, ldp, {{p_rows}}, p_stride, C, C, l, C);
   if constexpr (sizeof(DoT) == 4) load_rows_as_float(d_o, ldo, p.d_o, p.d_o_dtype, io_first, io_v, C, Vp, l, V);
   cp_async_wait<0>();
   __syncthreads();
   // dP: warp tiles of 16 rows x 32 columns; row tile R needs columns below 16 (R + 1) only.
-  for (int task = warp; kDp && task < C / 16 * (C / 32); task += DpConfig::kWarps) {
+  for (int task = warp; task < C / 16 * (C / 32); task += DpConfig::kWarps) {
     const int R0 = task / (C / 32) * 16, c0 = task % (C / 32) * 32;
     float acc[4][4] = {};
     if (c0 < R0 + 16) {
@@ -92,7 +86,7 @@ __global__ void __launch_bounds__(DpConfig::kThreads) bwd_dp_kernel(const __grid
   }
   // P^T dO: warp tiles of 16 rows x 64 columns; row tile I reads P's rows r >= I (lower triangular).
   const int halves = ceil_div(Vp, 64);
-  for (int task = warp; kIntra && task < C / 16 * halves; task += DpConfig::kWarps) {
+  for (int task = warp; task < C / 16 * halves; task += DpConfig::kWarps) {
     const int I0 = task / halves * 16, c0 = task % halves * 64;
     float acc[8][4] = {};
     warp_mma<kP, 8>(acc, I0, C, [&](int i, int r) { return P[r * ldp + I0 + i]; },

@@ -8,15 +8,16 @@
 //   E^T <- E^T diag(exp(gamma_L)) - (d_delta / s)^T W + dO^T Q_up (B = W, Q_up: MN-major as their
 //   rows are stored; dO^T is the A of the last product, read by it from dO's tile: "SS"). Scaled
 //   so, s Q_up^T dO needs no accumulator of its own.
-// - d_delta^T = intra part (B1) + dS^T K_down^T (B = K_down, K-major), the intra part loaded into
-//   the accumulator's registers a chunk ahead.
+// - d_delta^T = dS^T K_down^T + dO^T P (B = K_down, K-major; P, MN-major; dO^T read by the second
+//   product from dO's tile): the intra part of d_delta, P^T dO, formed here where B1 formed it
+//   before, so that it never goes through global memory.
 // - A = dS^T and d_delta^T / s in two bf16 parts each (hi + lo, a_fragment): the sum holds the fp32
 //   operand to 2^-17.
 // - dS and d_delta leave in whole rows of the tile, staged fp32 in shared memory: dS in fp16 with a
 //   scale per row (common/scaled_half.cuh), d_delta rounded to TF32 (tf32_rounded: bwd_wy_inter's
 //   TF32 wgmma products read it as it is); dh0 leaves unrounded.
 // One thread issues the copies: the previous chunk's K_down and gamma_L once this chunk's d_delta
-// has been formed, its W, Q_up and dO once this chunk's update has run, each group on its mbarrier.
+// has been formed, its W, Q_up, dO and P once this chunk's update has run, each group on its mbarrier.
 #pragma once
 
 #include <cuda.h>
@@ -39,21 +40,25 @@ struct BwdStateWgmmaParams {
   BackwardParams p;
   CUtensorMap k_down, w, q_up;  // [B*T, HV, K] bf16
   CUtensorMap d_o;              // [B*T, HV, V] bf16
+  CUtensorMap P;                // [B*T, HV, C] bf16
 };
 
 // Shared memory, byte offsets from a 1024-byte aligned base: TMA boxes of 64 rows x 128 bytes,
-// K_down, W and Q_up in two column halves, dO's 64 columns in one; the tiles on their way to
-// global memory, fp32 (SwizzledByRow): dS [K, 64] and d_delta [C, 64]; gamma_L [K] as copied,
-// exp(gamma_L) [K], two mbarriers. About 106 KB: two blocks per SM.
+// K_down, W and Q_up in two column halves, dO's 64 columns and P in one; the tiles on their way to
+// global memory, fp32 (SwizzledByRow): d_delta [C, 64], whose room holds P's box until the products
+// of d_delta have read it, and dS [K, 64]; gamma_L [K] as copied, exp(gamma_L) [K], two mbarriers.
+// About 106 KB: two blocks per SM.
 struct BwdStateWgmmaLayout {
   static constexpr int kC = 64, kK = 128, kTile = 64, kThreads = 128, kBox = 64 * 128;
   using Rows32 = SwizzledByRow<kTile / 4, float>;
-  static constexpr int kd = 0, w = kd + 2 * kBox, qu = w + 2 * kBox, d_o = qu + 2 * kBox;  // w .. d_o adjacent
-  static constexpr int ds = d_o + kBox, dd = ds + 4 * kK * kTile, g_last = dd + 4 * kC * kTile;
+  static constexpr int kd = 0, w = kd + 2 * kBox, qu = w + 2 * kBox, d_o = qu + 2 * kBox;
+  static constexpr int dd = d_o + kBox, p = dd;  // w .. p: six adjacent boxes
+  static constexpr int ds = dd + 4 * kC * kTile, g_last = ds + 4 * kK * kTile;
   static constexpr int decay = g_last + 4 * kK, bars = decay + 4 * kK, bytes = bars + 16;
   static constexpr int kAlign = 1024, launch_bytes = bytes + kAlign;  // room to align the base
   // The expected bytes of the two copy groups.
-  static constexpr uint32_t kDeltaBytes = 2 * kBox + 4 * kK, kUpdateBytes = 5 * kBox;
+  static constexpr uint32_t kDeltaBytes = 2 * kBox + 4 * kK, kUpdateBytes = 6 * kBox;
+  static_assert(kBox <= 4 * kC * kTile, "P's box fits d_delta's room");
 };
 
 // The block's work, for bwd_state_wgmma_kernel and for state_passes_kernel; params: a kernel
@@ -79,7 +84,7 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
   float* const d_delta = p.ws.d_delta + b.first * V + b.e0;
   // Chunk j's rows start at token row first_row + j C of the maps' [B*T, HV, .] tensors; rows past
   // its end belong to the next sequence (or read as zero past the tensor): d_delta's columns there
-  // are zeroed below, and so are W's, Q_up's and dO's rows, which the update would add.
+  // are zeroed below, and so are W's, Q_up's, dO's and P's rows, which the products would add.
   auto issue_delta = [&](int64_t j) {
     mbarrier_expect_bytes(delta_ready, L::kDeltaBytes);
     for (int h = 0; h < 2; ++h) {
@@ -94,13 +99,7 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
       tma_load(smem + L::qu + h * kBox, params.q_up, update_ready, 64 * h, b.head, b.token(j));
     }
     tma_load(smem + L::d_o, params.d_o, update_ready, b.e0, b.head, b.io_token(j));
-  };
-  // The intra part of chunk j's d_delta^T into the accumulator's layout (value column v0 + r, chunk
-  // row col); rows past the chunk's end are zero.
-  auto load_intra = [&](float(&acc)[C / 8][4], int64_t j) {
-    const int l = b.rows_of(j);
-    const float* tile = d_delta + j * b.step * V;
-    transform_acc(acc, [&](int r, int col, float) { return col < l ? tile[col * b.row_stride + v0 + r] : 0.f; });
+    tma_load(smem + L::p, params.P, update_ready, 0, b.head, b.io_token(j));
   };
 
   // E^T = dS^T / s: value column v0 + r, state row 64h + col of e[h].
@@ -112,18 +111,14 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
       return dht != nullptr ? inv_s * dht[state_index(f, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] : 0.f;
     });
   }
-  float intra[C / 8][4];
   if (leader) {
     mbarrier_init(delta_ready);
     mbarrier_init(update_ready);
   }
   __syncthreads();
-  if (b.chunks > 0) {
-    if (leader) {
-      issue_delta(b.chunks - 1);
-      issue_update(b.chunks - 1);
-    }
-    load_intra(intra, b.chunks - 1);
+  if (b.chunks > 0 && leader) {
+    issue_delta(b.chunks - 1);
+    issue_update(b.chunks - 1);
   }
   for (int64_t j = b.chunks - 1; j >= 0; --j) {
     const int l = b.rows_of(j);
@@ -147,13 +142,8 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
     }
     mbarrier_wait(delta_ready, parity);
     decay[threadIdx.x] = expf(g_last[threadIdx.x]);
-    // d_delta^T = intra^T + dS^T K_down^T.
-    float dd[C / 8][4];
-#pragma unroll
-    for (int n = 0; n < C / 8; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dd[n][i] = intra[n][i];
-    }
+    // d_delta^T = dS^T K_down^T + dO^T P, the second product once the update's copies are in.
+    float dd[C / 8][4] = {};
     pin_accumulator(dd);
     wgmma_fence();
     const uint64_t kd = Swizzled128::k_major(ops + L::kd);
@@ -163,8 +153,23 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
       wgmma_bf16_rs<1, 0>(dd, a[ks].lo, Swizzled128::plus(kd, ks / 4 * kBox + ks % 4 * 32));
     }
     wgmma_commit();
+    wgmma_wait();  // the split parts of dS^T, 64 registers, are free again
+    mbarrier_wait(update_ready, parity);
+    if (l < C) {
+      zero_box_rows<kThreads, C>(smem + L::w, 6, l);  // W, Q_up, dO and P: six adjacent boxes
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
+    wgmma_fence();
+    const uint64_t d_o = Swizzled128::mn_major(ops + L::d_o), P = Swizzled128::mn_major(ops + L::p);
+#pragma unroll
+    for (int ks = 0; ks < C / 16; ++ks) {  // rows 16 ks onwards
+      wgmma_bf16<1, 1>(dd, Swizzled128::plus(d_o, 16 * ks * 128), Swizzled128::plus(P, 16 * ks * 128));
+    }
+    wgmma_commit();
     wgmma_wait();
     pin_accumulator(dd);
+    __syncthreads();  // every warp's products have read P, whose room takes d_delta's rows
     if (l < C) transform_acc(dd, [&](int, int col, float x) { return col < l ? x : 0.f; });
     for_each_acc(dd, [&](int r, int col, float x) {
       *reinterpret_cast<float*>(smem + L::dd + L::Rows32::at(col, v0 + r)) = tf32_rounded(x);
@@ -185,17 +190,10 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
     // E^T <- E^T diag(exp(gamma_L)) - (d_delta / s)^T W + dO^T Q_up.
 #pragma unroll
     for (int h = 0; h < 2; ++h) transform_acc(e[h], [&](int, int col, float x) { return decay[64 * h + col] * x; });
-    mbarrier_wait(update_ready, parity);
-    if (l < C) {
-      zero_box_rows<kThreads, C>(smem + L::w, 5, l);  // W, Q_up and dO: five adjacent boxes
-      fence_proxy_async_shared();
-      __syncthreads();
-    }
     pin_accumulator(e[0]);
     pin_accumulator(e[1]);
     wgmma_fence();
     const uint64_t w = Swizzled128::mn_major(ops + L::w), qu = Swizzled128::mn_major(ops + L::qu);
-    const uint64_t d_o = Swizzled128::mn_major(ops + L::d_o);
 #pragma unroll
     for (int ks = 0; ks < C / 16; ++ks) {
 #pragma unroll
@@ -207,18 +205,20 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
       }
     }
     wgmma_commit();
-    // While the products run: dS and d_delta in whole rows, the previous chunk's intra part.
+    // While the products run: dS and d_delta in whole rows.
     const int64_t state = b.first_state + j * f.HV;
     store_scaled_half_rows<kThreads, K>(reinterpret_cast<__half*>(p.ws.d_states) + state * K * V + b.e0, V,
                                         p.ws.d_state_scales + state_scales_at(state, b.e0, V, K), smem + L::ds,
                                         L::Rows32::cell);
     store_cells16<kThreads, C, kTile / 4>(d_delta + j * b.step * V, 4 * f.HV * V, smem + L::dd, l, L::Rows32::cell);
-    if (j > 0) load_intra(intra, j - 1);
     wgmma_wait();
     pin_accumulator(e[0]);
     pin_accumulator(e[1]);
     __syncthreads();  // W, Q_up and dO are consumed, and the staged rows stored
-    if (leader && j > 0) issue_update(j - 1);
+    if (leader && j > 0) {
+      fence_proxy_async_shared();  // d_delta's staged rows, read and written here, before P's copy over them
+      issue_update(j - 1);
+    }
   }
   if (p.dh0 == nullptr) return;
 #pragma unroll

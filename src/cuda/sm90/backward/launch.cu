@@ -118,6 +118,9 @@ BwdStateWgmmaParams bwd_state_wgmma_params(const Problem& p, const BackwardParam
   wgmma.w = row_tensor_map(ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.q_up = row_tensor_map(ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.d_o = row_tensor_map(params.d_o, DType::kBF16, p.V, p.HV, p.V, io_tokens, p.chunk, params.fwd.io_HV * p.V);
+  FKT_CHECK(ws.P_dtype == DType::kBF16) << "internal: bwd_state_wgmma reads P in bf16, the workspace holds "
+                                        << dtype_name(ws.P_dtype);
+  wgmma.P = row_tensor_map(ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, io_tokens, p.chunk, params.fwd.io_HV * p.chunk);
   return wgmma;
 }
 
@@ -236,24 +239,23 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
       with_d_o_storage<kP>(params.d_o_dtype, [&](auto stored) {
         using Dims = decltype(dims);
         using DoT = decltype(stored);
-        auto dp = [&](auto parts) {
-          constexpr DpParts kParts = decltype(parts)::value;
-          launch(bwd_dp_kernel<kP, Dims, DoT, kParts>, per_chunk, DpConfig::kThreads,
-                 DpConfig::smem_bytes<DoT, kParts>(C, V), s, params);
-        };
         // B0: the forward's intermediates again, keeping T and the activated inputs (no output),
         // unless the workspace is the forward's, which wrote them (keep_forward, c_api.h); B1 and
-        // B2. With the state passes together: F2, B1's intra part of d_delta, F4 beside B2, B1's dP.
+        // B2. Where B2 runs on wgmma, B1 is not launched: B2 forms the intra part of d_delta and B3
+        // forms dP. With the state passes together: F2, then F4 beside B2.
+        bool state_wgmma = false;
         if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
           if (state_passes_together(p, params)) {
             forward_local_stages(p, params.fwd, products, stream);
-            dp(std::integral_constant<DpParts, DpParts::kIntra>{});
-            state_passes(p, params, s);
-            return dp(std::integral_constant<DpParts, DpParts::kDp>{});
+            return state_passes(p, params, s);
           }
+          state_wgmma = backward_state_on_wgmma(params);
         }
         if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
-        dp(std::integral_constant<DpParts, DpParts::kBoth>{});
+        if (!state_wgmma) {
+          launch(bwd_dp_kernel<kP, Dims, DoT>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes<DoT>(C, V), s,
+                 params);
+        }
         backward_state_pass<kP, Dims, DoT>(p, params, s);
       });
     });

@@ -14,14 +14,14 @@ namespace fkt::cuda {
 // B3 hands dA and, where B4 writes dq and dk itself, its dq and dk partials to B4 in bf16
 // (backward/handoffs.cuh), each row in the first half of its fp32 slot. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
-// dA takes P (last read by B1) where the workspace holds it (keep_forward, the summaries; a
+// dA takes P (last read by B1, or by B2 on wgmma) where the workspace holds it (keep_forward, the summaries; a
 // recomputing backward reads the forward's saved P, which it leaves as it is), dq Q_up's region,
 // dk the region of W and K_down (last read by B2), and dgamma K_down's half of it when the
 // operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3; bf16 rows with bf16 inputs)
-  float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2)
+  float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2; all of it on wgmma)
   float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2); where
                             // B2 runs on wgmma, fp16 (in the first half of the region) with a scale per
                             // (state row, 64-column V-tile) in d_state_scales, as the states (fwd.half_states)

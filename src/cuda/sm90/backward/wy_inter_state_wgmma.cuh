@@ -1,8 +1,9 @@
 // B3's products with the states on wgmma, for bf16 products and a bf16 dO at the common shape
 // (C = 64, K = V = 128): B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T ([C, K] each, summed over
-// the value columns) and carry = rowsum(S * dS), from tiles that TMA brings in, all of them issued
-// at the block's start (one latency a block: the kernel runs one block per SM, so nothing else
-// hides it).
+// the value columns), carry = rowsum(S * dS), and B1's dP = s tril(dO delta^T), which the backward
+// then does not launch B1 for (B2 forms the intra part of d_delta). From tiles that TMA brings in,
+// all of them issued at the block's start (one latency a block: the kernel runs one block per SM,
+// so nothing else hides it).
 // - TF32 products (wgmma .tf32, both operands K-major): the state passes store delta and d_delta
 //   rounded to TF32 (tf32_rounded) and S and dS in fp16 with a power-of-two scale per row
 //   (common/scaled_half.cuh), which the block widens into fp32 tiles, so the tensor cores'
@@ -10,7 +11,8 @@
 //   in TF32. S and dS of two tiles land in fp16 in the second tile's room, and each tile is widened
 //   by the whole block before its products.
 // - Warpgroup 0 forms dO S^T with dO's fragments read from its tile into registers (A, "RS"), 1
-//   and 2 delta dS^T and d_delta S^T (SS), 3 the carry, a thread per state row.
+//   and 2 delta dS^T and d_delta S^T (SS), 3 the carry, a thread per state row, and dO delta^T
+//   (RS, m64n64: in the first half of its accumulator, which it needs for nothing else).
 #pragma once
 
 #include <cuda.h>
@@ -50,8 +52,9 @@ struct WyInterStateTiles {
   static constexpr uint32_t kDeltaBytes = 2 * kC * 128, kPairBytes = 2 * kK * 128 + kDoBox;
 };
 
-// Writes B0, B1, B2 (rows ldb floats apart; the tiles' room, which they may overlap, is read before)
-// and carry [K]. smem: the tiles' room (1024-byte aligned); ready: kTiles mbarriers.
+// Writes B0, B1, B2 (rows ldb floats apart; the tiles' room, which they may overlap, is read before),
+// carry [K] and the chunk's rows of dP. smem: the tiles' room (1024-byte aligned); ready: kTiles
+// mbarriers.
 __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& params, const ChunkSpan& c, int64_t chunk,
                                                         int head, char* smem, uint64_t* ready, float* B0, float* B1,
                                                         float* B2, int ldb, float* carry) {
@@ -118,7 +121,7 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
   // acc += the tile's four k-steps (k-step ks: 32 bytes into the operands' rows), issued,
   // committed and waited for inside one warpgroup's branch (a wgmma sequence split across
   // divergent paths is serialized by the compiler).
-  auto products = [](float(&acc)[K / 8][4], auto k_step) {
+  auto products = [](auto& acc, auto k_step) {
     pin_accumulator(acc);
     wgmma_fence();
 #pragma unroll
@@ -128,6 +131,7 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
     pin_accumulator(acc);
   };
   float acc[K / 8][4] = {};
+  float(&d_p)[C / 8][4] = *reinterpret_cast<float(*)[C / 8][4]>(&acc);  // warpgroup 3's dO delta^T
   float row_sum = 0.f;
   for (int i = 0; i < L::kTiles; ++i) {
     char* const tile = smem + i * L::kTileBytes;
@@ -140,15 +144,14 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
     fence_proxy_async_shared();
     __syncthreads();
     const uint64_t s = Swizzled128::k_major(tile + L::s);
-    if (group == 0) {
-      // dO's fragments (rows g, g + 8 at columns t, t + 4 of k-step ks): element (r, e) of a box
-      // at byte r 128 + ((2 e / 16) ^ (r % 8)) 16 + 2 e % 16 under the swizzle.
+    // dO's fragments (rows g, g + 8 at columns t, t + 4 of k-step ks): element (r, e) of a box at
+    // byte r 128 + ((2 e / 16) ^ (r % 8)) 16 + 2 e % 16 under the swizzle.
+    auto d_o_fragments = [&](uint32_t(&a)[L::kCols / 8][4]) {
       const char* const box = smem + L::d_o + i / 2 * L::kDoBox;
       auto d_o = [&](int r, int e) {
         const int at = r * 128 + ((e / 8) ^ (r % 8)) * 16 + e % 8 * 2;
         return __float_as_uint(__bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(box + at)));
       };
-      uint32_t a[L::kCols / 8][4];
 #pragma unroll
       for (int ks = 0; ks < L::kCols / 8; ++ks) {
         const int e = i % 2 * L::kCols + 8 * ks + t;
@@ -157,6 +160,10 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
         a[ks][2] = d_o(row0 + g, e + 4);
         a[ks][3] = d_o(row0 + g + 8, e + 4);
       }
+    };
+    if (group == 0) {
+      uint32_t a[L::kCols / 8][4];
+      d_o_fragments(a);
       products(acc, [&](int ks) { wgmma_tf32_rs(acc, a[ks], Swizzled128::plus(s, 32 * ks)); });
     } else if (group == 1) {
       const uint64_t delta = Swizzled128::k_major(tile + L::delta), ds = Swizzled128::k_major(tile + L::ds);
@@ -168,7 +175,12 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
       products(acc, [&](int ks) {
         wgmma_tf32(acc, Swizzled128::plus(d_delta, 32 * ks), Swizzled128::plus(s, 32 * ks));
       });
-    } else {  // state row d: its 16-byte chunks x at x ^ (d % 8) under the swizzle, in column order
+    } else {
+      uint32_t a[L::kCols / 8][4];
+      d_o_fragments(a);
+      const uint64_t delta = Swizzled128::k_major(tile + L::delta);
+      products(d_p, [&](int ks) { wgmma_tf32_rs(d_p, a[ks], Swizzled128::plus(delta, 32 * ks)); });
+      // The carry, state row d: its 16-byte chunks x at x ^ (d % 8) under the swizzle, in column order.
       const int d = tid - 3 * 128;
 #pragma unroll
       for (int x = 0; x < 8; ++x) {
@@ -182,6 +194,15 @@ __device__ __forceinline__ void wy_inter_state_products(const WyInterParams& par
   __syncthreads();  // every tile is consumed
   if (group == 3) {
     carry[tid - 3 * 128] = row_sum;
+    const ForwardParams& f = params.p.fwd;
+    float* const dP = params.p.ws.dP + (c.first_row * f.HV + head) * C;
+    const int64_t row_stride = static_cast<int64_t>(f.HV) * C;
+    for_each_acc_pair(d_p, [&](int r, int col, float2 x) {  // col even: 8-byte aligned pairs
+      const int row = row0 + r;
+      if (row >= l) return;
+      *reinterpret_cast<float2*>(dP + row * row_stride + col) =
+          make_float2(col <= row ? f.scale * x.x : 0.f, col + 1 <= row ? f.scale * x.y : 0.f);
+    });
     return;
   }
   float* const out = group == 0 ? B0 : group == 1 ? B1 : B2;

@@ -29,7 +29,7 @@ struct ForwardWorkspace {
   // F4, B1 widens it. In the backward's layout P and T are rows of the inputs as given ((b * io_T +
   // t) * io_HV + head, the rows that every other layout shares with the workspace): with `recompute`
   // the forward's saved ones (sm90/saved.hpp), seen through the part's view (backward/views.hpp).
-  // There P's region keeps the fp32 size, which dA takes once B1 has read P.
+  // There P's region keeps the fp32 size, which dA takes once B1 and B2 have read P.
   void* P;                 // [B*T, HV, C] s * M_qk, row = token, column = key position in its chunk (F2)
   DType P_dtype;
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
