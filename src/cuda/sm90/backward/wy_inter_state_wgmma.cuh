@@ -1,9 +1,8 @@
 // B3's products with the states on wgmma, for bf16 products and a bf16 dO at the common shape
 // (C = 64, K = V = 128): B0 = dO S^T, B1 = delta dS^T, B2 = d_delta S^T ([C, K] each, summed over
-// the value columns), carry = rowsum(S * dS), and B1's dP = s tril(dO delta^T), which the backward
-// then does not launch B1 for (B2 forms the intra part of d_delta). From tiles that TMA brings in,
-// all of them issued at the block's start (one latency a block: the kernel runs one block per SM,
-// so nothing else hides it).
+// the value columns), carry = rowsum(S * dS), and B1's dP = s tril(dO delta^T) (B2 forms B1's other
+// product, so B1 is not launched). From tiles that TMA brings in, all of them issued at the block's
+// start (one latency a block: the kernel runs one block per SM, so nothing else hides it).
 // - TF32 products (wgmma .tf32, both operands K-major): the state passes store delta and d_delta
 //   rounded to TF32 (tf32_rounded) and S and dS in fp16 with a power-of-two scale per row
 //   (common/scaled_half.cuh), which the block widens into fp32 tiles, so the tensor cores'
