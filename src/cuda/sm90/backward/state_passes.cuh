@@ -1,8 +1,9 @@
 // The backward's two state passes in one launch, where both run on wgmma: B0's F4 (the states and
 // delta again, fwd_state_wgmma<__half>) and B2 (the state gradient, bwd_state_wgmma). Neither reads
 // what the other writes (B2 reads W, Q_up, K_down, gamma_L, dO and P, all written before), and
-// each walks its chunks one after the other with few blocks when the sequences are few (one per sequence, value head and 64-column V-tile): side by side they take
-// the SMs that each leaves idle. Grid z picks the pass, x and y are each pass's own.
+// each walks its chunks one after the other with few blocks when the sequences are few (one per
+// sequence, value head and 64-column V-tile): side by side they take the SMs that each leaves idle.
+// Grid z picks the pass, x and y are each pass's own.
 #pragma once
 
 #include <algorithm>
