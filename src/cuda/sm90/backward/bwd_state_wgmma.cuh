@@ -207,7 +207,7 @@ __device__ __forceinline__ void bwd_state_wgmma(const BwdStateWgmmaParams& param
     wgmma_commit();
     // While the products run: dS and d_delta in whole rows.
     const int64_t state = b.first_state + j * f.HV;
-    store_scaled_half_rows<kThreads, K>(reinterpret_cast<__half*>(p.ws.d_states) + state * K * V + b.e0, V,
+    store_scaled_half_rows<kThreads, K>(static_cast<__half*>(p.ws.d_states) + state * K * V + b.e0, V,
                                         p.ws.d_state_scales + state_scales_at(state, b.e0, V, K), smem + L::ds,
                                         L::Rows32::cell);
     store_cells16<kThreads, C, kTile / 4>(d_delta + j * b.step * V, 4 * f.HV * V, smem + L::dd, l, L::Rows32::cell);

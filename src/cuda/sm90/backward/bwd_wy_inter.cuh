@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(WyInterConfig::kThreads)
       __syncthreads();
       const int64_t stride_v = static_cast<int64_t>(f.HV) * V;
       load_state_rows(S, lds, f.ws, chunk * f.HV + head, K, V, e0, Kp, kTile, width);
-      copy_rows_async(dS, lds, p.ws.d_states + state + e0, V, Kp, kTile, K, width);
+      copy_rows_async(dS, lds, static_cast<const float*>(p.ws.d_states) + state + e0, V, Kp, kTile, K, width);
       copy_rows_async(tile_delta, lds, f.ws.delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       copy_rows_async(tile_dd, lds, p.ws.d_delta + row_at(0) * V + e0, stride_v, C, kTile, l, width);
       if constexpr (sizeof(DoT) == 2) {

@@ -19,10 +19,10 @@ namespace fkt::cuda {
 // dk the region of W and K_down (last read by B2), and dgamma K_down's half of it when the
 // operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
-  float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1)
+  float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1; B3 on wgmma)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3; bf16 rows with bf16 inputs)
   float* d_delta;           // [B*T, HV, V] intra part (B1), then total (B2; all of it on wgmma)
-  float* d_states;          // [chunks, HV, K, V] gradient of the state leaving each chunk (B2); where
+  void* d_states;           // [chunks, HV, K, V] gradient of the state leaving each chunk (B2), fp32; where
                             // B2 runs on wgmma, fp16 (in the first half of the region) with a scale per
                             // (state row, 64-column V-tile) in d_state_scales, as the states (fwd.half_states)
   float* d_state_scales;    // as the states' (state_scales_at); carved with fwd.half_states
