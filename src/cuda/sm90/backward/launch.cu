@@ -126,17 +126,18 @@ BwdStateWgmmaParams bwd_state_wgmma_params(const Problem& p, const BackwardParam
 
 // Whether B2 runs on wgmma (bwd_state_wgmma), given the common shape with bf16 products and a bf16
 // dO: for a dO that starts 16-byte aligned (TMA copies it) and a scale s whose inverse is a normal
-// float too (the pass holds dS / s).
+// float too (the pass holds dS / s). backward_part decides it once and hands it to B1, B2 and B3,
+// which split B1's work between them only where it holds.
 bool backward_state_on_wgmma(const BackwardParams& params) {
   const float scale = params.fwd.scale;
   return reinterpret_cast<uintptr_t>(params.d_o) % 16 == 0 && std::isnormal(scale) && std::isnormal(1.f / scale);
 }
 
-// B2: on wgmma where backward_state_on_wgmma says so, else the mma.sync pass.
+// B2: on wgmma where backward_state_on_wgmma holds (state_wgmma), else the mma.sync pass.
 template <Products kP, typename Dims, typename DoT>
-void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+void backward_state_pass(const Problem& p, const BackwardParams& params, bool state_wgmma, cudaStream_t s) {
   if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
-    if (backward_state_on_wgmma(params)) {
+    if (state_wgmma) {
       using L = BwdStateWgmmaLayout;
       prefer_max_shared(bwd_state_wgmma_kernel);
       return launch(bwd_state_wgmma_kernel, state_pass_grid(p, L::kTile), L::kThreads, L::launch_bytes, s,
@@ -153,17 +154,17 @@ void backward_state_pass(const Problem& p, const BackwardParams& params, cudaStr
 }
 
 // B3: its products with the states on wgmma where the forward's and the backward's state passes ran
-// on wgmma (kBf16DoAtCommonShape and backward_state_on_wgmma: they store the states and their
-// gradients in fp16 with row scales, delta and d_delta rounded to TF32, which those products read
-// as they are), else all on mma.sync.
+// on wgmma (kBf16DoAtCommonShape and state_wgmma: they store the states and their gradients in fp16
+// with row scales, delta and d_delta rounded to TF32, which those products read as they are), else
+// all on mma.sync.
 template <Products kP, typename Dims, typename DoT>
-void wy_inter_pass(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+void wy_inter_pass(const Problem& p, const BackwardParams& params, bool state_wgmma, cudaStream_t s) {
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
   WyInterParams args{};
   args.p = params;
   if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
-    if (!backward_state_on_wgmma(params)) {
+    if (!state_wgmma) {
       return launch(bwd_wy_inter_kernel<kP, RuntimeDims, DoT>, per_chunk, WyInterConfig::kThreads,
                     WyInterLayout::bytes(C, K, V, false), s, args);
     }
@@ -202,13 +203,12 @@ dim3 state_passes_grid(const Problem& p) {
 
 // Whether B0's F4 and B2 run side by side (state_passes_kernel), for the instance of bf16 products
 // and a bf16 dO at the common shape (kBf16DoAtCommonShape, where F4 always runs on wgmma): B2 on
-// wgmma too (backward_state_on_wgmma), F4 run again, and the blocks of both few enough for an SM
-// each. Where more blocks than SMs share the SMs, each pass's SMs are busy already and the two
-// together took as long as one after the other (docs/design.md, "The backward's state passes side
-// by side").
-bool state_passes_together(const Problem& p, const BackwardParams& params) {
+// wgmma too (state_wgmma), F4 run again, and the blocks of both few enough for an SM each. Where
+// more blocks than SMs share the SMs, each pass's SMs are busy already and the two together took as
+// long as one after the other (docs/design.md, "The backward's state passes side by side").
+bool state_passes_together(const Problem& p, bool state_wgmma) {
   const dim3 grid = state_passes_grid(p);
-  return !p.keep_forward && backward_state_on_wgmma(params) &&
+  return !p.keep_forward && state_wgmma &&
          static_cast<int64_t>(grid.x) * grid.y * grid.z <= device_limits(p.device.device_id).sms;
 }
 
@@ -231,6 +231,7 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
   const auto s = static_cast<cudaStream_t>(stream);
   const int C = p.chunk, K = static_cast<int>(p.K), V = static_cast<int>(p.V);
   const dim3 per_chunk(static_cast<unsigned>(ForwardWorkspace::chunks(p)), static_cast<unsigned>(p.HV));
+  const bool state_wgmma = backward_state_on_wgmma(params);
 
   const Products products = products_for(p);
   with_products(products, [&](auto kp) {
@@ -243,26 +244,23 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
         // unless the workspace is the forward's, which wrote them (keep_forward, c_api.h); B1 and
         // B2. Where B2 runs on wgmma, B1 is not launched: B2 forms the intra part of d_delta and B3
         // forms dP. With the state passes together: F2, then F4 beside B2.
-        bool state_wgmma = false;
-        if constexpr (kBf16DoAtCommonShape<Dims, DoT>) {
-          if (state_passes_together(p, params)) {
-            forward_local_stages(p, params.fwd, products, stream);
-            return state_passes(p, params, s);
-          }
-          state_wgmma = backward_state_on_wgmma(params);
+        constexpr bool kWgmmaShape = kBf16DoAtCommonShape<Dims, DoT>;
+        if (kWgmmaShape && state_passes_together(p, state_wgmma)) {
+          forward_local_stages(p, params.fwd, products, stream);
+          return state_passes(p, params, s);
         }
         if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
-        if (!state_wgmma) {
+        if (!(kWgmmaShape && state_wgmma)) {
           launch(bwd_dp_kernel<kP, Dims, DoT>, per_chunk, DpConfig::kThreads, DpConfig::smem_bytes<DoT>(C, V), s,
                  params);
         }
-        backward_state_pass<kP, Dims, DoT>(p, params, s);
+        backward_state_pass<kP, Dims, DoT>(p, params, state_wgmma, s);
       });
     });
     with_dims<kP>(p, [&](auto dims) {
       using Dims = decltype(dims);
       with_d_o_storage<kP>(params.d_o_dtype,
-                           [&](auto stored) { wy_inter_pass<kP, Dims, decltype(stored)>(p, params, s); });
+                           [&](auto stored) { wy_inter_pass<kP, Dims, decltype(stored)>(p, params, state_wgmma, s); });
       with_qk_storage<kP>(p.q.dtype, [&](auto qk) {
         with_flag(p.l2norm, [&](auto scaled) {
           using Qk = decltype(qk);
