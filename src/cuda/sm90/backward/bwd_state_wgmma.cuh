@@ -17,7 +17,8 @@
 //   scale per row (common/scaled_half.cuh), d_delta rounded to TF32 (tf32_rounded: bwd_wy_inter's
 //   TF32 wgmma products read it as it is); dh0 leaves unrounded.
 // One thread issues the copies: the previous chunk's K_down and gamma_L once this chunk's d_delta
-// has been formed, its W, Q_up, dO and P once this chunk's update has run, each group on its mbarrier.
+// has been formed, its W, Q_up, dO and P once this chunk's update has run, each group on its
+// mbarrier.
 #pragma once
 
 #include <cuda.h>

@@ -14,10 +14,10 @@ namespace fkt::cuda {
 // B3 hands dA and, where B4 writes dq and dk itself, its dq and dk partials to B4 in bf16
 // (backward/handoffs.cuh), each row in the first half of its fp32 slot. Arrays reuse forward
 // intermediates that are dead by the time they are first written (stage order B0, B1, ..., B8):
-// dA takes P (last read by B1, or by B2 on wgmma) where the workspace holds it (keep_forward, the summaries; a
-// recomputing backward reads the forward's saved P, which it leaves as it is), dq Q_up's region,
-// dk the region of W and K_down (last read by B2), and dgamma K_down's half of it when the
-// operands are fp32 (with bf16 ones dk fills it).
+// dA takes P (last read by B1, or by B2 on wgmma) where the workspace holds it (keep_forward, the
+// summaries; a recomputing backward reads the forward's saved P, which it leaves as it is), dq
+// Q_up's region, dk the region of W and K_down (last read by B2), and dgamma K_down's half of it
+// when the operands are fp32 (with bf16 ones dk fills it).
 struct BackwardWorkspace {
   float* dP;                // [B*T, HV, C] gradient of M_qk (scale folded in), lower triangle (B1; B3 on wgmma)
   float* dA;                // [B*T, HV, C] gradient of A, strictly lower (B3; bf16 rows with bf16 inputs)
