@@ -110,12 +110,18 @@ def test_gradients_match_gold_like_cpu(case):
 # (backward/handoffs.cuh), with compile-time and run-time dims. With two heads the bf16 dA_log (two
 # values) came out 1.3e-3 on an H100 at K = V = 128, with fp32 hand-offs as with bf16 ones: past
 # the 1e-3 here, under FLA's 3.3e-3 to 4.5e-3 (docs/design.md).
+# K128-many-sequences: more sequences than the wgmma state passes order by length
+# (ChunkOffsetsConfig::kMostOrdered, 256), which then take them in order; WIDE's are ordered.
+MANY_SEQUENCES = [0]
+for _n in range(260):
+    MANY_SEQUENCES.append(MANY_SEQUENCES[-1] + 1 + (7 * _n) % 12)
 SHAPES = [dict(K=64, V=64), dict(K=128, V=128), WIDE, dict(K=128, V=128, misaligned_do=True),
-          dict(K=128, V=128, state_v_first=True), dict(K=128, V=128, H=4), dict(K=64, V=64, H=4)]
+          dict(K=128, V=128, state_v_first=True), dict(K=128, V=128, H=4), dict(K=64, V=64, H=4),
+          dict(K=128, V=128, T=MANY_SEQUENCES[-1], cu_seqlens=MANY_SEQUENCES)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["K64", "K128", "K128-wide", "K128-misaligned-dO", "K128-vfirst",
-                                               "K128-no-GVA", "K64-no-GVA"])
+                                               "K128-no-GVA", "K64-no-GVA", "K128-many-sequences"])
 @pytest.mark.parametrize("dtype,bound,fp32_bound", [(torch.bfloat16, 4e-3, 1e-3), (torch.float16, 1e-3, 1e-4)])
 def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
     case = dict(B=1, T=300, H=2, HV=4, cu_seqlens=[0, 1, 64, 65, 300], gate_in_kernel=True, lower_bound=-5.0,

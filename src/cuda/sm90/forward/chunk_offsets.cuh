@@ -1,6 +1,7 @@
 // Varlen planning on the device, from the device copy of cu_seqlens, so the run path needs no
-// host-to-device copy: chunk_offsets[n] = sum over earlier sequences of ceil(L / C), and the offsets
-// of a group of sequences as a call of its own (sequence_groups.hpp).
+// host-to-device copy: chunk_offsets[n] = sum over earlier sequences of ceil(L / C), the order in
+// which the wgmma state passes take the sequences (ForwardWorkspace::sequence_order), and the
+// offsets of a group of sequences as a call of its own (sequence_groups.hpp).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -11,18 +12,24 @@ namespace fkt::cuda {
 
 struct ChunkOffsetsConfig {
   static constexpr int kThreads = 256;  // one block scans all sequences, kThreads at a time
+  // Sequences ordered by length: a thread each, its rank counted over all of them (kThreads steps
+  // at most, on the forward's critical path); more sequences keep their order.
+  static constexpr int kMostOrdered = kThreads;
 };
 
 __global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
     chunk_offsets_kernel(const __grid_constant__ ForwardParams p) {
   using Scan = cub::BlockScan<int64_t, ChunkOffsetsConfig::kThreads>;
+  constexpr int kOrdered = ChunkOffsetsConfig::kMostOrdered;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int64_t carry;
+  __shared__ int64_t chunks_of[kOrdered];
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
   for (int64_t base = 0; base < p.N; base += ChunkOffsetsConfig::kThreads) {
     const int64_t n = base + threadIdx.x;
     const int64_t chunks = n < p.N ? (offset_at(p, n + 1) - offset_at(p, n) + p.chunk - 1) / p.chunk : 0;
+    if (n < kOrdered) chunks_of[n] = chunks;
     int64_t before, tile_total;
     Scan(scan_storage).ExclusiveSum(chunks, before, tile_total);
     if (n < p.N) p.ws.chunk_offsets[n] = carry + before;
@@ -31,6 +38,17 @@ __global__ void __launch_bounds__(ChunkOffsetsConfig::kThreads)
     __syncthreads();
   }
   if (threadIdx.x == 0) p.ws.chunk_offsets[p.N] = carry;
+  // Sequence n's place: those with more chunks, or as many and an earlier index, come first.
+  for (int64_t n = threadIdx.x; n < p.N; n += ChunkOffsetsConfig::kThreads) {
+    int64_t rank = n;
+    if (p.N <= kOrdered) {
+      rank = 0;
+      for (int64_t m = 0; m < p.N; ++m) {
+        rank += chunks_of[m] > chunks_of[n] || (chunks_of[m] == chunks_of[n] && m < n);
+      }
+    }
+    p.ws.sequence_order[rank] = static_cast<int32_t>(n);
+  }
 }
 
 struct RebasedOffsetsParams {

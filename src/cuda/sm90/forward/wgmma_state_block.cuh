@@ -1,6 +1,11 @@
 // Where a block of a wgmma state pass (fwd_state_wgmma, bwd_state_wgmma) works, at the common shape
-// (C = 64, K = V = 128): grid x = sequence * (kColumns / kTile) + column tile, y = value head. The
-// columns are the state's V, or V + K for the summaries of time slices (forward/pieces.hpp).
+// (C = 64, K = V = 128), on a grid of x = sequences * (kColumns / kTile) column tiles, y = value
+// heads. The columns are the state's V, or V + K for the summaries of time slices
+// (forward/pieces.hpp). Dense rows: x = sequence * (kColumns / kTile) + column tile, y = value head.
+// Varlen: blocks start roughly in launch order (x fastest), and a block walks its sequence's chunks,
+// so the blocks in launch order take the sequences longest first (ForwardWorkspace::sequence_order),
+// then the value heads, then the tiles: the last blocks to start are the shortest, not a wave of
+// long sequences left for few SMs.
 #pragma once
 
 #include <cstdint>
@@ -24,10 +29,27 @@ struct WgmmaStateBlock {
   int64_t first_state;  // the chunk row of the sequence's first state
   int64_t row_stride;   // elements between the rows of a [B*T, HV, V] tensor
 
-  __device__ explicit WgmmaStateBlock(const ForwardParams& p)
-      : n(blockIdx.x / kTiles),
-        head(blockIdx.y),
-        e0(static_cast<int>(blockIdx.x % kTiles) * kTile),
+  __device__ explicit WgmmaStateBlock(const ForwardParams& p) : WgmmaStateBlock(p, place(p)) {}
+
+  // Sequence, value head and column tile of this block.
+  struct Place {
+    int64_t n;
+    int head, tile;
+  };
+  __device__ static Place place(const ForwardParams& p) {
+    if (p.cu_seqlens == nullptr) {
+      return {blockIdx.x / kTiles, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x % kTiles)};
+    }
+    const int64_t launched = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.y;
+    const int64_t per_sequence = static_cast<int64_t>(gridDim.y) * kTiles;
+    const int within = static_cast<int>(launched % per_sequence);
+    return {p.ws.sequence_order[launched / per_sequence], within / kTiles, within % kTiles};
+  }
+
+  __device__ WgmmaStateBlock(const ForwardParams& p, Place at)
+      : n(at.n),
+        head(at.head),
+        e0(at.tile * kTile),
         seq(sequence_span(p, n)),
         chunks(ceil_div(seq.length, kC)),
         first(seq.first_row * p.HV + head),

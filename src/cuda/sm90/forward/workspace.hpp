@@ -57,6 +57,10 @@ struct ForwardWorkspace {
   // kept then, and delta is not written.
   bool output_in_state_pass;
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
+  // [N] varlen: the sequences by decreasing chunk count, ties in order (chunk_offsets_kernel; the
+  // identity past ChunkOffsetsConfig::kMostOrdered sequences), so that the wgmma state passes'
+  // blocks take the longest sequences first (WgmmaStateBlock).
+  int32_t* sequence_order;
   // The backward's recompute (B0) of a forward that saved T and P: F2 reads T instead of forming
   // P, A and the inverse. Neither is carved then: the backward points P and T at `saved`.
   bool recompute;
@@ -98,6 +102,7 @@ struct ForwardWorkspace {
     if (w.half_states) w.state_scales = m.take<float>(state_scales_at(chunks(p) * p.HV, 0, p.V, p.K));
     w.g_last = m.take<float>(chunks(p) * p.HV * p.K);
     w.chunk_offsets = m.take<int64_t>(p.N + 1);
+    w.sequence_order = m.take<int32_t>(p.N);
     if (for_backward) {
       w.T = w.recompute ? nullptr : m.take<float>(rows * p.chunk);
       if (p.l2norm) {
