@@ -1,11 +1,11 @@
 // Where a block of a wgmma state pass (fwd_state_wgmma, bwd_state_wgmma) works, at the common shape
 // (C = 64, K = V = 128), on a grid of x = sequences * (kColumns / kTile) column tiles, y = value
 // heads. The columns are the state's V, or V + K for the summaries of time slices
-// (forward/pieces.hpp). Dense rows: x = sequence * (kColumns / kTile) + column tile, y = value head.
-// Varlen: blocks start roughly in launch order (x fastest), and a block walks its sequence's chunks,
-// so the blocks in launch order take the sequences longest first (ForwardWorkspace::sequence_order),
-// then the value heads, then the tiles: the last blocks to start are the shortest, not a wave of
-// long sequences left for few SMs.
+// (forward/pieces.hpp). Dense rows: x = sequence * (kColumns / kTile) + column tile, y = value
+// head. Varlen: blocks start roughly in launch order (x fastest), and a block walks its sequence's
+// chunks, so the blocks in launch order take the sequences longest first
+// (ForwardWorkspace::sequence_order), then the value heads, then the tiles: the last blocks to
+// start are the shortest, not long sequences left for few SMs.
 #pragma once
 
 #include <cstdint>
