@@ -264,7 +264,8 @@ def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, stat
     of 8 warps, two per SM, or three (fwd_state, bf16) when two per SM do not hold it either
     (with_state_residency); the wgmma passes (bf16, K = V = 128) take one warpgroup per 64 columns
     whatever the grid, and the backward runs its two side by side where both grids together give
-    each block an SM (state_passes_together: the fewest sequences here), else one after the other.
+    each block an SM (state_passes_per_sm: the fewest sequences here) or fit the SMs two blocks each
+    (the middle pack), else one after the other.
     The same arithmetic in the same order: the first sequences of a pack give the same bits alone
     (few blocks) as in packs of more blocks."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count

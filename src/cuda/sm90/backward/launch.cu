@@ -201,27 +201,34 @@ dim3 state_passes_grid(const Problem& p) {
   return grid;
 }
 
-// Whether B0's F4 and B2 run side by side (state_passes_kernel), for the instance of bf16 products
-// and a bf16 dO at the common shape (kBf16DoAtCommonShape, where F4 always runs on wgmma): B2 on
-// wgmma too (state_wgmma), F4 run again, and the blocks of both few enough for an SM each. Where
-// more blocks than SMs share the SMs, each pass's SMs are busy already and the two together took as
-// long as one after the other (docs/design.md, "The backward's state passes side by side").
-bool state_passes_together(const Problem& p, bool state_wgmma) {
+// Blocks per SM of B0's F4 and B2 side by side (state_passes_kernel), or 0 where they run one after
+// the other; for the instance of bf16 products and a bf16 dO at the common shape
+// (kBf16DoAtCommonShape, where F4 always runs on wgmma), B2 on wgmma too (state_wgmma) and F4 run
+// again. One where the blocks of both fit the SMs one each, two where they fit them two each (most
+// SMs then hold a block of each pass, a warpgroup each). Where more blocks than that share the SMs,
+// each pass's SMs are busy already and the two together took as long as one after the other
+// (docs/design.md, "The backward's state passes side by side").
+int state_passes_per_sm(const Problem& p, bool state_wgmma) {
+  if (p.keep_forward || !state_wgmma) return 0;
   const dim3 grid = state_passes_grid(p);
-  return !p.keep_forward && state_wgmma &&
-         static_cast<int64_t>(grid.x) * grid.y * grid.z <= device_limits(p.device.device_id).sms;
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  const DeviceLimits& device = device_limits(p.device.device_id);
+  const bool two_fit = 2 * (kStatePassesBytes + device.reserved_smem_per_block) <= device.smem_per_sm;
+  return blocks <= device.sms ? 1 : blocks <= 2 * device.sms && two_fit ? 2 : 0;
 }
 
-// B0's F4 and B2 in one launch (state_passes_together), one block per SM: each asks for all the
-// shared memory that a block may have, so that no two share an SM's tensor cores.
-void state_passes(const Problem& p, const BackwardParams& params, cudaStream_t s) {
+// B0's F4 and B2 in one launch, `per_sm` blocks per SM (state_passes_per_sm): one asks for all the
+// shared memory that a block may have, so that no two share an SM's tensor cores; two ask for what
+// a block needs, under the largest carveout.
+void state_passes(const Problem& p, const BackwardParams& params, int per_sm, cudaStream_t s) {
   StatePassesParams args{};
   args.forward = fwd_state_wgmma_params(p, params.fwd);
   args.backward = bwd_state_wgmma_params(p, params);
   const DeviceLimits& device = device_limits(p.device.device_id);
-  const int smem = device.smem_per_sm - device.reserved_smem_per_block;
+  const int smem = per_sm == 1 ? device.smem_per_sm - device.reserved_smem_per_block : kStatePassesBytes;
   FKT_CHECK(smem >= kStatePassesBytes) << "internal: the state passes need " << kStatePassesBytes
                                        << " bytes of shared memory a block, the device has " << smem;
+  if (per_sm > 1) prefer_max_shared(state_passes_kernel);
   launch(state_passes_kernel, state_passes_grid(p), BwdStateWgmmaLayout::kThreads, smem, s, args);
 }
 
@@ -245,9 +252,10 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
         // B2. Where B2 runs on wgmma, B1 is not launched: B2 forms the intra part of d_delta and B3
         // forms dP. With the state passes together: F2, then F4 beside B2.
         constexpr bool kWgmmaShape = kBf16DoAtCommonShape<Dims, DoT>;
-        if (kWgmmaShape && state_passes_together(p, state_wgmma)) {
+        const int together = kWgmmaShape ? state_passes_per_sm(p, state_wgmma) : 0;
+        if (together > 0) {
           forward_local_stages(p, params.fwd, products, stream);
-          return state_passes(p, params, s);
+          return state_passes(p, params, together, s);
         }
         if (!p.keep_forward) forward_stages(p, params.fwd, products, stream);
         if (!(kWgmmaShape && state_wgmma)) {
