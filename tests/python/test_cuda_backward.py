@@ -38,6 +38,8 @@ CASES = [
     dict(T=1), dict(T=65), dict(state=False, final=False),
     dict(K=30, V=13, T=90, HV=2, l2norm=True),  # rows not 16-byte aligned: the element-wise fallbacks
     dict(K=64, V=32, T=130, gate_scale=40.0),  # decays too strong for the midpoint factorisation: pairwise
+    # bwd_gate one column a thread (BwdGateConfig): an odd K, then g's rows not aligned for pairs
+    dict(K=33, V=20, T=70, HV=2, gate_in_kernel=True), dict(K=64, V=32, T=70, gate_in_kernel=True, misaligned_g=True),
 ]
 
 
@@ -50,6 +52,7 @@ def run(case, device, dtype=torch.float32, seed=0):
                 use_beta_sigmoid_in_kernel=case.get("beta_logits", False), state_v_first=case.get("state_v_first", False))
     no_A_log = case.pop("no_A_log", False)
     misaligned_do = case.pop("misaligned_do", False)
+    misaligned_g = case.pop("misaligned_g", False)
     torch.manual_seed(seed)
     x = make_inputs(dtype=dtype, requires_grad=False, **case)
     if no_A_log:
@@ -57,6 +60,10 @@ def run(case, device, dtype=torch.float32, seed=0):
     do = torch.randn(x["v"].shape).to(dtype)
     leaves = {n: (t.to(device).requires_grad_(n not in ("cu_seqlens",)) if t is not None else None)
               for n, t in x.items()}
+    if misaligned_g:  # contiguous, its start one element past an aligned address
+        g = x["g"]
+        shifted = torch.empty(g.numel() + 1, dtype=g.dtype, device=device)[1:].view(g.shape).copy_(g)
+        leaves["g"] = shifted.detach().requires_grad_()
     o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                           initial_state=leaves["initial_state"], A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
                           cu_seqlens=leaves.get("cu_seqlens"), **opts)

@@ -43,15 +43,11 @@ __global__ void __launch_bounds__(BwdGateConfig::kThreads, BwdGateConfig::kMinBl
   GT* dg = static_cast<GT*>(p.dg);
   const float rate = gate.A_log ? expf(load_float(gate.A_log, gate.A_log_dtype, head)) : 1.f;
 
-  // The chunk's rows, read below a batch at a time from the last: asked into L2 at once.
-  // Rows of dgamma (the workspace's heads) and of g and dg (io_HV heads as given).
+  // Rows of dgamma (the workspace's heads) and of g and dg (io_HV heads as given). Not asked into
+  // L2 ahead: with the next batch's loads in flight that cost more than it saved (0.43 -> 0.40 ms
+  // without at B1_T8192_H96 on an H100, docs/design.md).
   const int64_t first = (c.first_row * f.HV + head) * K, stride = static_cast<int64_t>(f.HV) * K;
   const int64_t io_first = (c.io_row * f.io_HV + head) * K, io_stride = static_cast<int64_t>(f.io_HV) * K;
-  prefetch_rows_l2(p.ws.dgamma + first, 4 * stride, l, 4 * K);
-  if constexpr (kInKernel) {
-    constexpr int kBytes = sizeof(GT);
-    prefetch_rows_l2(g_in + io_first, kBytes * io_stride, l, kBytes * K);
-  }
 
   double dA_log = 0.0;  // this thread's share of the chunk's dA_log partial
   for (int d = tid; d < K; d += nthreads) {

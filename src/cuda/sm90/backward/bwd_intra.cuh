@@ -159,12 +159,14 @@ __global__ void __launch_bounds__(BwdIntraConfig<Qk>::kThreads, BwdIntraConfig<Q
     copy_rows_async(k, ldk, k_in, stride_qk, C, Kp, l, K);
   }
   cp_async_commit();
-  // B3's partials, read back at the end of every task: asked into L2 now.
+  // B3's partials, read back at the end of every task: asked into L2 now where dq's and dk's are
+  // bf16 (2 K bytes a row). Where they are fp32 (GVA, l2norm) asking cost more than it saved: 2.67
+  // -> 2.46 ms without at gva_B2_T8192_H16_HV64 on an H100 (docs/design.md). `ahead`: rows asked.
   const bool bf16_partials = bf16_qk_partials<kP>(p);
-  const int partial_bytes = (bf16_partials ? 2 : 4) * K;  // of a dq or dk partial row
-  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, l, partial_bytes);
-  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, l, partial_bytes);
-  prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, l, 4 * K);
+  const int partial_bytes = 2 * K, ahead = bf16_partials ? l : 0;
+  prefetch_rows_l2(p.ws.dq + row_at(0) * K, 4 * stride_k, ahead, partial_bytes);
+  prefetch_rows_l2(p.ws.dk + row_at(0) * K, 4 * stride_k, ahead, partial_bytes);
+  prefetch_rows_l2(p.ws.dgamma + row_at(0) * K, 4 * stride_k, ahead, 4 * K);
   for (int r = tid; r < C; r += nthreads) {
     const bool valid = r < l;
     beta[r] = valid ? f.ws.beta_act[row_at(r)] : 0.f;

@@ -80,7 +80,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     copy_rows16_async(k, ldk, static_cast<const In*>(p.k) + qk_first, stride_qk, C, Kp, l, K);
   }
   cp_async_commit();
-  {  // v and beta (and the stored T), loaded later: asked into L2 first
+  // v and beta (and the stored T), loaded later: asked into L2 first by the one block of fp32
+  // operands an SM. Not by the 16-bit blocks, three an SM, where asking cost more than it saved
+  // (the recompute 1.05 -> 0.95 ms without at B1_T8192_H96 on an H100, docs/design.md).
+  if constexpr (!Config::kNarrow) {
     const int v_size = element_bytes(p.v_dtype), beta_size = element_bytes(p.beta_dtype);
     prefetch_rows_l2(static_cast<const char*>(p.v) + io_at(0) * V * v_size, v_size * io_v, l, v_size * V);
     for (int r = tid; r < l; r += nthreads) prefetch_l2(static_cast<const char*>(p.beta) + io_at(r) * beta_size);
