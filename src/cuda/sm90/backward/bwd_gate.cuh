@@ -6,7 +6,6 @@
 
 #include "cuda/common/activation.cuh"
 #include "cuda/common/convert.cuh"
-#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 #include "cuda/sm90/forward/chunks.cuh"
 

@@ -5,7 +5,6 @@
 #pragma once
 
 #include "cuda/common/convert.cuh"
-#include "cuda/common/tile_copy.cuh"
 #include "cuda/sm90/backward/params.hpp"
 
 namespace fkt::cuda {
@@ -39,17 +38,8 @@ __global__ void __launch_bounds__(BwdPrepareConfig::kThreads) bwd_prepare_kernel
   // 32-bit division: B * T < 2^31).
   const int64_t io_token = f.io_T == f.T ? row : row + (static_cast<uint32_t>(row) / static_cast<uint32_t>(f.T)) * (f.io_T - f.T);
   const int64_t io_row = (io_token * f.io_H + head) * K;
-
-  // dk's operands, read once dq is stored: asked into L2 now (one line per lane).
-  if (p.dk != nullptr) {
-    const int dk_bytes = 4 * G * K, k_bytes = element_bytes(f.qk_dtype) * K;
-    for (int at = 128 * lane; at < dk_bytes; at += 128 * 32) {
-      prefetch_l2(reinterpret_cast<const char*>(p.ws.dk + (row * f.HV + head * G) * K) + at);
-    }
-    if (f.l2norm && 128 * lane < k_bytes) {
-      prefetch_l2(static_cast<const char*>(f.k) + io_row * element_bytes(f.qk_dtype) + 128 * lane);
-    }
-  }
+  // dk's operands are not asked into L2 while dq is formed: that cost more than it saved (0.49 ->
+  // 0.47 ms without at gva_B2_T8192_H16_HV64 on an H100, docs/design.md).
   for (int which = 0; which < 2; ++which) {
     void* out = which == 0 ? p.dq : p.dk;
     if (out == nullptr) continue;
