@@ -38,7 +38,7 @@ CASES = [
     dict(T=1), dict(T=65), dict(state=False, final=False),
     dict(K=30, V=13, T=90, HV=2, l2norm=True),  # rows not 16-byte aligned: the element-wise fallbacks
     dict(K=64, V=32, T=130, gate_scale=40.0),  # decays too strong for the midpoint factorisation: pairwise
-    # bwd_gate one column a thread (BwdGateConfig): an odd K, then g's rows not aligned for pairs
+    # an odd K; g one element past an aligned address (its rows' copies take the element-wise path)
     dict(K=33, V=20, T=70, HV=2, gate_in_kernel=True), dict(K=64, V=32, T=70, gate_in_kernel=True, misaligned_g=True),
 ]
 
