@@ -7,8 +7,9 @@
 # --impls ours,fla or --accuracy auto overrides the defaults here). Wheels carried in .whl/ (FLA)
 # are installed to a scratch folder on PYTHONPATH, and FLA's autotuning results carried in
 # .triton-autotune/*.tgz are unpacked into the Triton cache and packed back, with the new ones, into
-# $OUT/triton_autotune.tgz (benchmarks/README.md). Exits non-zero when a test, memcheck or the main
-# job fails.
+# $OUT/triton_autotune.tgz (benchmarks/README.md). It writes eight files into $OUT, the most the
+# device tool brings back: with other files beside them, pack the folder. Exits non-zero when a
+# test, memcheck or the main job fails.
 set -uo pipefail
 export FKT_NO_VENV=1 FKT_SKIP_SETUP=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
