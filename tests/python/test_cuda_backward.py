@@ -1,6 +1,8 @@
 """The CUDA backward (H200): every gradient against the fp64 gold, no worse than the CPU backend's
 fp32 error on the same inputs; determinism; forward + backward captured in one CUDA graph."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -43,6 +45,11 @@ CASES = [
 ]
 
 
+def one_element_past_aligned(t, device):
+    """A contiguous copy of t on `device` whose start is one element past an aligned address."""
+    return torch.empty(t.numel() + 1, dtype=t.dtype, device=device)[1:].view(t.shape).copy_(t).detach()
+
+
 def run(case, device, dtype=torch.float32, seed=0):
     case = dict(case)
     opts = dict(chunk_size=case.pop("chunk_size", 64), use_qk_l2norm_in_kernel=case.pop("l2norm", False),
@@ -60,16 +67,14 @@ def run(case, device, dtype=torch.float32, seed=0):
     do = torch.randn(x["v"].shape).to(dtype)
     leaves = {n: (t.to(device).requires_grad_(n not in ("cu_seqlens",)) if t is not None else None)
               for n, t in x.items()}
-    if misaligned_g:  # contiguous, its start one element past an aligned address
-        g = x["g"]
-        shifted = torch.empty(g.numel() + 1, dtype=g.dtype, device=device)[1:].view(g.shape).copy_(g)
-        leaves["g"] = shifted.detach().requires_grad_()
+    if misaligned_g:
+        leaves["g"] = one_element_past_aligned(x["g"], device).requires_grad_()
     o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                           initial_state=leaves["initial_state"], A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
                           cu_seqlens=leaves.get("cu_seqlens"), **opts)
     do_in = do.to(device)
-    if misaligned_do:  # contiguous, its start 2 bytes past a 16-byte boundary
-        do_in = torch.empty(do.numel() + 1, dtype=dtype, device=device)[1:].view(do.shape).copy_(do)
+    if misaligned_do:  # its start 2 bytes past a 16-byte boundary
+        do_in = one_element_past_aligned(do, device)
     outs, grads_in = [o], [do_in]
     if ht is not None:
         outs.append(ht)
@@ -119,9 +124,7 @@ def test_gradients_match_gold_like_cpu(case):
 # the 1e-3 here, under FLA's 3.3e-3 to 4.5e-3 (docs/design.md).
 # K128-many-sequences: more sequences than the wgmma state passes order by length
 # (ChunkOffsetsConfig::kMostOrdered, 256), which then take them in order; WIDE's are ordered.
-MANY_SEQUENCES = [0]
-for _n in range(260):
-    MANY_SEQUENCES.append(MANY_SEQUENCES[-1] + 1 + (7 * _n) % 12)
+MANY_SEQUENCES = list(itertools.accumulate((1 + (7 * n) % 12 for n in range(260)), initial=0))
 SHAPES = [dict(K=64, V=64), dict(K=128, V=128), WIDE, dict(K=128, V=128, misaligned_do=True),
           dict(K=128, V=128, state_v_first=True), dict(K=128, V=128, H=4), dict(K=64, V=64, H=4),
           dict(K=128, V=128, T=MANY_SEQUENCES[-1], cu_seqlens=MANY_SEQUENCES)]
