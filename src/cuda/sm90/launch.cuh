@@ -103,6 +103,14 @@ void with_gate_mode(GateMode mode, F f) {
   f(std::integral_constant<GateMode, GateMode::kPrecomputed>{});
 }
 
+// Columns a thread of bwd_gate takes (BwdGateConfig): two where `pairs` (gate_pairs), else one.
+// Calls f(std::integral_constant<int, ...>).
+template <typename F>
+void with_gate_columns(bool pairs, F f) {
+  if (pairs) return f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 1>{});
+}
+
 // How fwd_intra keeps q, k and v in shared memory (IntraConfig): in their dtype when all three
 // are bfloat16 or all float16, else as fp32. Calls f(element) with a value of that type.
 template <typename F>

@@ -186,6 +186,14 @@ bool parameter_gradients(const Problem& p, const BackwardParams& params) {
   return p.gate != GateMode::kPrecomputed && (params.dA_log || params.ddt_bias);
 }
 
+// Whether bwd_gate takes two adjacent columns a thread: K even and the rows it reads and writes
+// (dgamma, g, dg; an absent one is null) aligned for one access of two elements.
+bool gate_pairs(const BackwardParams& params, size_t gate_bytes) {
+  auto aligned = [](const void* x, size_t bytes) { return reinterpret_cast<uintptr_t>(x) % (2 * bytes) == 0; };
+  return params.fwd.K % 2 == 0 && aligned(params.ws.dgamma, sizeof(float)) && aligned(params.fwd.gate.g, gate_bytes) &&
+         aligned(params.dg, gate_bytes);
+}
+
 // B7's reduction: dA_log and ddt_bias from the partials of every chunk, in a fixed order.
 void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   if (!parameter_gradients(p, params)) return;
@@ -280,9 +288,13 @@ void backward_part(const Problem& p, const BackwardParams& params, void* stream)
     });
   });
   with_gate_element(p.g.dtype, [&](auto element) {
+    using GT = decltype(element);
     with_gate_mode(p.gate, [&](auto mode) {
-      launch(bwd_gate_kernel<decltype(element), decltype(mode)::value>, per_chunk, BwdGateConfig::kThreads,
-             BwdGateConfig::smem_bytes(C, K, V), s, params);
+      with_gate_columns(gate_pairs(params, sizeof(GT)), [&](auto columns) {
+        using Config = BwdGateConfig<decltype(columns)::value>;
+        launch(bwd_gate_kernel<GT, decltype(mode)::value, decltype(columns)::value>, per_chunk, Config::kThreads,
+               Config::smem_bytes(C, K, V), s, params);
+      });
     });
   });
   if (!params.qk_in_intra) {
