@@ -1,6 +1,8 @@
-// The parameter gradients on CUDA, one thread per (value head, d): dA_log and ddt_bias are the sums
-// of bwd_gate's per-chunk fp64 partials over the chunks in ascending order, so the result does not
-// depend on scheduling (the CPU sums per-sequence partials in sequence order the same way).
+// The parameter gradients on CUDA, one thread per (value head, d) for ddt_bias and, past those, one
+// per value head for dA_log (in warps of their own where HV * K is a multiple of 32, so that the
+// two sums run side by side, not one after the other in a warp): each the sum of bwd_gate's
+// per-chunk fp64 partials over the chunks in ascending order, so the result does not depend on
+// scheduling (the CPU sums per-sequence partials in sequence order the same way).
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -9,7 +11,7 @@
 namespace fkt::cuda {
 
 struct BwdParamsConfig {
-  static constexpr int kThreads = 128;  // grid: ceil(HV * K / kThreads)
+  static constexpr int kThreads = 128;  // grid: ceil(HV * (K + 1) / kThreads)
   // Partials loaded before they are added, so a sum waits on one load latency per batch instead of
   // one per chunk (0.11 ms at B2_T16384_H16's 512 chunks a sequence); the order of the adds stays.
   static constexpr int kBatch = 8;
@@ -42,16 +44,15 @@ __device__ __forceinline__ void store_param_grad(void* base, DType dtype, int64_
 
 __global__ void __launch_bounds__(BwdParamsConfig::kThreads) bwd_params_kernel(const __grid_constant__ BackwardParams p) {
   const ForwardParams& f = p.fwd;
-  // head * K + d; HV * K fits in 32 bits (HV <= 65535, K <= 256), which keeps the divisions 32-bit.
+  // head * K + d, then the HV heads of dA_log: HV * (K + 1) fits in 32 bits (HV <= 65535, K <= 256).
   const int columns = f.HV * f.K;
   const int column = blockIdx.x * BwdParamsConfig::kThreads + threadIdx.x;
-  if (column >= columns) return;
   const int64_t chunks = p.chunks;
-  if (p.ddt_bias) {
-    store_param_grad(p.ddt_bias, p.ddt_bias_dtype, column, sum_in_order(p.ws.ddt_bias_parts + column, columns, chunks));
-  }
-  if (p.dA_log && column % f.K == 0) {
-    const int head = column / f.K;
+  if (column < columns) {
+    if (p.ddt_bias) {
+      store_param_grad(p.ddt_bias, p.ddt_bias_dtype, column, sum_in_order(p.ws.ddt_bias_parts + column, columns, chunks));
+    }
+  } else if (const int head = column - columns; head < f.HV && p.dA_log) {
     store_param_grad(p.dA_log, p.dA_log_dtype, head, sum_in_order(p.ws.dA_log_parts + head, f.HV, chunks));
   }
 }

@@ -197,7 +197,7 @@ bool gate_pairs(const BackwardParams& params, size_t gate_bytes) {
 // B7's reduction: dA_log and ddt_bias from the partials of every chunk, in a fixed order.
 void reduce_parameter_gradients(const Problem& p, const BackwardParams& params, cudaStream_t s) {
   if (!parameter_gradients(p, params)) return;
-  launch(bwd_params_kernel, dim3(tiles(p.HV * p.K, BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
+  launch(bwd_params_kernel, dim3(tiles(p.HV * (p.K + 1), BwdParamsConfig::kThreads)), BwdParamsConfig::kThreads,
          BwdParamsConfig::smem_bytes(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)), s, params);
 }
 
