@@ -17,7 +17,6 @@ namespace fkt::cuda {
 template <int kCols>
 struct BwdGateConfig {
   static constexpr int kThreads = 128 / kCols;  // K <= 128 in one pass
-  static constexpr int kWarps = kThreads / 32;
   static constexpr int kRowsInFlight = 8 / kCols;  // the same elements in flight a thread
   // 1,024 resident threads (64 registers a thread): the row batches wait on memory, and more blocks
   // keep more of them in flight (five blocks of 128 threads 0.70 ms at B1_T8192_H96, ten 0.50).
