@@ -98,7 +98,8 @@ typedef struct fkt_forward_outputs {
   fkt_tensor* o;                   /* [B, T, HV, V], q's dtype */
   fkt_tensor* final_state;         /* like initial_state, fp32; NULL if not requested */
   fkt_tensor* intermediate_states; /* [B, NT, HV, K, V] input dtype; NULL if not requested */
-  fkt_tensor* workspace;           /* uint8 [forward_workspace_bytes]; NULL if 0 bytes */
+  fkt_tensor* workspace;           /* uint8 [forward_workspace_bytes], or
+                                    * [saving_forward_workspace_bytes] with `saved`; NULL if 0 bytes */
   fkt_tensor* saved;               /* uint8 [saved_bytes], written for fkt_backward; NULL if 0 bytes,
                                     * or when no fkt_backward follows (the forward then keeps nothing) */
 } fkt_forward_outputs;
@@ -132,11 +133,15 @@ typedef struct fkt_sizes {
    * fkt_backward. 0: the backward recomputes and its workspace is any buffer of its size. */
   int32_t backward_reads_forward_workspace;
   /* Bytes the forward writes into its `saved` output and the backward reads, with the same inputs
-   * and options (any number of backwards): on CUDA, T = (I + A)^-1 and P of every chunk (fp32), so
-   * that the backward's recompute forms neither, and the fp32 states at the starts of the time
-   * segments that the backward runs one after the other in one segment's workspace (dense inputs
-   * of many chunks). 0: nothing passes. */
+   * and options (any number of backwards): on CUDA, T = (I + A)^-1 (fp32) and P (in the products'
+   * operand type) of every chunk, so that the backward's recompute forms neither, and the fp32
+   * states at the starts of the time segments that the backward runs one after the other in one
+   * segment's workspace (dense inputs of many chunks). 0: nothing passes. */
   uint64_t saved_bytes;
+  /* Bytes of the forward's workspace when it is given `saved`, at most forward_workspace_bytes: on
+   * CUDA the forward then forms P in `saved`, where it would otherwise need room for it in the
+   * workspace. */
+  uint64_t saving_forward_workspace_bytes;
 } fkt_sizes;
 
 FKT_API const char* fkt_last_error(void);

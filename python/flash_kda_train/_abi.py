@@ -242,8 +242,10 @@ def forward(fw: Framework, cfg: Config, inputs: Inputs, output_final_state: bool
         K, HV, V = fw.shape(q)[-1], fw.shape(v)[2], fw.shape(v)[-1]
         tail = (HV, V, K) if cfg.state_v_first else (HV, K, V)
         h = fw.empty((fw.shape(q)[0], sizes.num_chunks, *tail), q_dtype, q)
-    workspace = call.buffer(sizes.forward_workspace_bytes)
     saved = call.buffer(sizes.saved_bytes) if for_backward else None
+    # With `saved` the CUDA forward forms P there, where it would otherwise need room in the workspace.
+    workspace_bytes = sizes.forward_workspace_bytes if saved is None else sizes.saving_forward_workspace_bytes
+    workspace = call.buffer(workspace_bytes)
     outs = describe_all(fw, _lib.FORWARD_OUTPUT_NAMES, (o, final_state, h, workspace, saved))
     _lib.check(_lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream()))
     if not sizes.backward_reads_forward_workspace:

@@ -53,6 +53,7 @@ class Sizes(ctypes.Structure):
         ("backend", _c_int32),
         ("backward_reads_forward_workspace", _c_int32),
         ("saved_bytes", _c_uint64),
+        ("saving_forward_workspace_bytes", _c_uint64),
     ]
 
 

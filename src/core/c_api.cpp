@@ -44,7 +44,8 @@ int fkt_plan_sizes(const fkt_inputs* in, const fkt_options* opt, fkt_sizes* size
               p.num_chunks,
               p.backend == fkt::Backend::kCpu ? FKT_BACKEND_CPU : FKT_BACKEND_CUDA,
               p.keep_forward ? 1 : 0,
-              s.saved_bytes};
+              s.saved_bytes,
+              s.saving_forward_workspace_bytes};
   });
 }
 
@@ -53,7 +54,8 @@ int fkt_forward(const fkt_inputs* in, const fkt_options* opt, fkt_forward_output
     FKT_CHECK(out != nullptr) << "outputs must not be null";
     const fkt::Problem p = checked_problem(in, opt);
     const fkt::BackendSizes s = fkt::plan_sizes(p);
-    fkt::check_forward_outputs(p, *out, s.forward_workspace_bytes, s.saved_bytes);
+    fkt::check_forward_outputs(p, *out, out->saved ? s.saving_forward_workspace_bytes : s.forward_workspace_bytes,
+                               s.saved_bytes);
     fkt::run_forward(p, *out, stream);
   });
 }

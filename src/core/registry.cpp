@@ -15,9 +15,10 @@ BackendSizes plan_sizes(const Problem& p) {
   check_supported(p);
   if (p.backend == Backend::kCpu) {
     const cpu::Sizes s = cpu::plan_sizes(p);
-    return {s.forward_workspace_bytes, s.backward_workspace_bytes};
+    return {s.forward_workspace_bytes, s.backward_workspace_bytes, 0, s.forward_workspace_bytes};
   }
-  return {cuda::forward_workspace_bytes(p), cuda::backward_workspace_bytes(p), cuda::saved_bytes(p)};
+  return {cuda::forward_workspace_bytes(p, false), cuda::backward_workspace_bytes(p), cuda::saved_bytes(p),
+          cuda::forward_workspace_bytes(p, true)};
 }
 
 void run_forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {

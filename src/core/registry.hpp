@@ -11,6 +11,7 @@ struct BackendSizes {
   uint64_t forward_workspace_bytes = 0;
   uint64_t backward_workspace_bytes = 0;
   uint64_t saved_bytes = 0;  // fkt_sizes.saved_bytes
+  uint64_t saving_forward_workspace_bytes = 0;  // fkt_sizes.saving_forward_workspace_bytes
 };
 
 // Throws fkt::Error naming the unsupported feature when p.backend cannot run p.

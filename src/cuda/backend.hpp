@@ -12,7 +12,8 @@ bool built();
 // Throws fkt::Error naming what the CUDA backend does not support for p.
 void check_supported(const Problem& p);
 
-uint64_t forward_workspace_bytes(const Problem& p);
+// `saving`: the forward is given `saved` (fkt_sizes.saving_forward_workspace_bytes).
+uint64_t forward_workspace_bytes(const Problem& p, bool saving);
 uint64_t backward_workspace_bytes(const Problem& p);
 // What the forward keeps for the backward in `saved` (c_api.h): T, P and the time segments' entering
 // states (sm90/saved.hpp).

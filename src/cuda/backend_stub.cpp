@@ -15,7 +15,7 @@ namespace {
 
 bool built() { return false; }
 void check_supported(const Problem&) { not_built("chunk_kda"); }
-uint64_t forward_workspace_bytes(const Problem&) { not_built("chunk_kda"); }
+uint64_t forward_workspace_bytes(const Problem&, bool) { not_built("chunk_kda"); }
 uint64_t backward_workspace_bytes(const Problem&) { not_built("the backward"); }
 uint64_t saved_bytes(const Problem&) { not_built("chunk_kda"); }
 void forward(const Problem&, const fkt_forward_outputs&, void*) { not_built("chunk_kda"); }

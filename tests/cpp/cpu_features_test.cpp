@@ -300,6 +300,8 @@ TEST(CpuPlan, SizesDescribeTheProblem) {
   EXPECT_EQ(s.num_sequences, 5);
   EXPECT_EQ(s.num_chunks, 1 + 1 + 0 + 3 + 3);  // lengths 1, 16, 0, 83, 65 with C = 32
   EXPECT_GT(s.backward_workspace_bytes, 0u);
+  EXPECT_EQ(s.saved_bytes, 0u);  // nothing passes from the CPU forward to its backward
+  EXPECT_EQ(s.saving_forward_workspace_bytes, s.forward_workspace_bytes);
   EXPECT_STREQ(fkt_last_error(), "");
   c.cu_seqlens.clear(), c.B = 2, c.T = 130, c.chunk = 64;
   Instance dense = make_instance(c);

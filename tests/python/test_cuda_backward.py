@@ -589,11 +589,16 @@ def test_kept_forward_output_matches_gold(packed):
         assert rel_rms(o.cpu(), gold_o) < 4e-3, disable_recompute
 
 
-def test_forward_without_gradients_saves_nothing():
+def test_forward_without_gradients_saves_nothing(monkeypatch):
     """With no input taking a gradient the forward keeps nothing for a backward (no T, P or segment
-    states): its peak memory is lower by at least what it would have saved."""
+    states): its peak memory is lower by at least what it would have saved, less the room for P that
+    its workspace needs where a training forward forms P in `saved`."""
+    from flash_kda_train import _abi
     from flash_kda_train.ops import _saved_bytes
 
+    sizes = []
+    planned = _abi.Call.sizes
+    monkeypatch.setattr(_abi.Call, "sizes", lambda call: sizes.append(planned(call)) or sizes[-1])
     x = make_inputs(B=1, T=2048, H=2, HV=8, K=64, V=64, gate_in_kernel=True, requires_grad=False)
     c = {n: t.cuda() for n, t in x.items() if t is not None}
 
@@ -610,4 +615,47 @@ def test_forward_without_gradients_saves_nothing():
 
     (with_grad, graph), (without_grad, no_graph) = peak_extra(True), peak_extra(False)
     assert graph and not no_graph
-    assert with_grad - without_grad >= _saved_bytes(c["q"], c["v"], None, 64, "auto") > 0
+    p_room = sizes[-1].forward_workspace_bytes - sizes[-1].saving_forward_workspace_bytes
+    assert with_grad - without_grad >= _saved_bytes(c["q"], c["v"], None, 64, "auto") - p_room > 0
+
+
+def test_training_forward_forms_p_in_saved(monkeypatch):
+    """A forward given `saved` forms P there: its workspace (fkt_sizes.saving_forward_workspace_bytes)
+    is smaller by P's bf16 rows, rounded up to the carver's 64 bytes, the workspace it is given has
+    that size, and o and the final state keep the bits of a forward without `saved`. A forward
+    without `saved` refuses a workspace of that size."""
+    import ctypes
+
+    from flash_kda_train import _abi, _core, _lib
+
+    sizes, buffers, calls = [], [], []
+    planned, buffer = _abi.Call.sizes, _abi.Call.buffer
+    monkeypatch.setattr(_abi.Call, "sizes", lambda call: calls.append(call) or sizes.append(planned(call)) or sizes[-1])
+    monkeypatch.setattr(_abi.Call, "buffer", lambda call, n: buffers.append(n) or buffer(call, n))
+    B, T, HV = 1, 1000, 6
+    x = make_inputs(B=B, T=T, H=2, HV=HV, K=128, V=128, dtype=torch.bfloat16, gate_in_kernel=True,
+                    requires_grad=False)
+    c = {n: t.cuda() for n, t in x.items() if t is not None}
+
+    def run(requires_grad):
+        for t in c.values():
+            t.requires_grad_(requires_grad)
+        o, ht = fkt.chunk_kda(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["initial_state"],
+                              output_final_state=True, use_gate_in_kernel=True, A_log=c["A_log"], dt_bias=c["dt_bias"])
+        return o.detach(), ht.detach()
+
+    (o, ht), (o_saving, ht_saving) = run(False), run(True)
+    assert torch.equal(o, o_saving) and torch.equal(ht, ht_saving)
+    plan = sizes[-1]
+    p_bytes = -(-B * T * HV * 64 * 2 // 64) * 64
+    assert plan.forward_workspace_bytes - plan.saving_forward_workspace_bytes == p_bytes
+    assert buffers[0] == plan.forward_workspace_bytes  # the inference forward: no `saved`
+    assert sorted(buffers[1:]) == sorted([plan.saved_bytes, plan.saving_forward_workspace_bytes])
+
+    call = calls[-1]
+    outs = _abi.describe_all(_core.TORCH, _lib.FORWARD_OUTPUT_NAMES,
+                             (torch.empty_like(o), None, None, buffer(call, plan.saving_forward_workspace_bytes), None))
+    status = _lib.lib.fkt_forward(call.described.address, ctypes.byref(call.options), outs.address, call.stream())
+    with pytest.raises(ValueError, match=rf"workspace: expected at least {plan.forward_workspace_bytes} bytes, "
+                                         rf"got {plan.saving_forward_workspace_bytes}"):
+        _lib.check(status)

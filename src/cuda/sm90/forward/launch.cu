@@ -27,7 +27,8 @@ constexpr int kMaxHeadDim = 128;  // shared-memory plan of the fp32 stage kernel
 
 // The forward's workspace: the stages' (with keep_forward laid out as the backward's, whose first part
 // the forward fills, T and the activated inputs included, for the backward to read), then what its
-// pieces hand on (forward/pieces.hpp). One layout for sizing and for the run.
+// pieces hand on (forward/pieces.hpp). One layout for sizing and for the run. `saving`: the forward
+// is given `saved`, where F2 writes P for F4 (no region for it here).
 struct ForwardLayout {
   ForwardWorkspace ws;
   ForwardPieces pieces;
@@ -36,9 +37,9 @@ struct ForwardLayout {
   float* slice_states;  // time slices: the states entering slices 1 on, each like initial_state
 };
 
-ForwardLayout carve_forward(Carver& m, const Problem& p) {
+ForwardLayout carve_forward(Carver& m, const Problem& p, bool saving) {
   ForwardLayout layout{};
-  layout.ws = ForwardWorkspace::carve(m, p, p.keep_forward, operand_bytes(products_for(p)));
+  layout.ws = ForwardWorkspace::carve(m, p, p.keep_forward, operand_bytes(products_for(p)), saving);
   const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<true>::kTile);
   layout.pieces = forward_pieces(p, layout.ws, static_cast<int64_t>(f4.x) * f4.y);
   // forward_workspace_bytes sizes keep_forward's layout as the backward's, which has no carry.
@@ -100,7 +101,7 @@ void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
 // The forward's own layout (nothing kept for a backward), with products of precision `products`.
 uint64_t own_workspace_bytes(const Problem& p, Products products) {
   Carver measure;
-  ForwardWorkspace::carve(measure, p, false, operand_bytes(products));
+  ForwardWorkspace::carve(measure, p, false, operand_bytes(products), false);
   return measure.bytes();
 }
 
@@ -226,10 +227,10 @@ void check_supported(const Problem& p) {
       << device.major << "." << device.minor;
 }
 
-uint64_t forward_workspace_bytes(const Problem& p) {
+uint64_t forward_workspace_bytes(const Problem& p, bool saving) {
   if (p.keep_forward) return backward_workspace_bytes(p);  // carve_forward's layout is its first part
   Carver measure;
-  carve_forward(measure, p);
+  carve_forward(measure, p, saving);
   return measure.bytes();
 }
 
@@ -278,13 +279,14 @@ uint64_t saved_bytes(const Problem& p) {
 }
 
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
+  const bool saving = !p.keep_forward && out.saved != nullptr;
   Carver carver(TensorRef(out.workspace, "workspace").bytes());
-  const ForwardLayout layout = carve_forward(carver, p);
+  const ForwardLayout layout = carve_forward(carver, p, saving);
   ForwardParams params = forward_params(p, layout.ws);
   params.o = data_or_null(out.o, "o");
   params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
-  if (!p.keep_forward && out.saved != nullptr) {  // F2 keeps T and P, F4 the segments' entering states
+  if (saving) {  // F2 keeps T and P, F4 the segments' entering states
     Carver saved_carver(TensorRef(out.saved, "saved").bytes());
     const SavedLayout saved = SavedLayout::carve(saved_carver, p, operand_bytes(products_for(p)));
     params.ws.T = saved.T;
@@ -306,7 +308,7 @@ uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return own_works
 void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
   Carver carver(workspace);
   CpForwardSummaryParams params{};
-  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts)));
+  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts), false));
   params.sequence = sequence;
   params.summary = summary;
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);

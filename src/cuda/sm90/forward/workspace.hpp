@@ -62,7 +62,8 @@ struct ForwardWorkspace {
   // blocks take the longest sequences first (WgmmaStateBlock).
   int32_t* sequence_order;
   // The backward's recompute (B0) of a forward that saved T and P: F2 reads T instead of forming
-  // P, A and the inverse. Neither is carved then: the backward points P and T at `saved`.
+  // P, A and the inverse. Neither is carved then: the backward points P and T at `saved`, as a
+  // forward that saves them (`p_saved`) points P.
   bool recompute;
   // For the backward (written by F2 in the forward: into `saved` in its own layout, into the
   // workspace with keep_forward; read by F2 with recompute); nullptr otherwise:
@@ -75,7 +76,7 @@ struct ForwardWorkspace {
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes) {
+  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes, bool p_saved) {
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: the states in bf16.
@@ -86,7 +87,7 @@ struct ForwardWorkspace {
     w.recompute = for_backward && !p.keep_forward;
     w.gamma = for_backward ? m.take<float>(rows * p.K) : nullptr;
     const int64_t p_bytes = for_backward ? static_cast<int64_t>(sizeof(float)) : operand_bytes;
-    w.P = w.recompute ? nullptr : m.take<char>(rows * p.chunk * p_bytes);
+    w.P = w.recompute || p_saved ? nullptr : m.take<char>(rows * p.chunk * p_bytes);
     // K_down's start, aligned as every carved array's.
     const auto operand = static_cast<int64_t>(Carver::aligned(static_cast<size_t>(rows * p.K * operand_bytes)));
     char* w_kd = m.take<char>(2 * operand);
