@@ -51,7 +51,7 @@ BackwardLayout carve_backward(Carver& m, const Problem& p, const BackwardPlan& p
                        : grouped ? sequence_group_bound(p, plan.groups)
                                  : head_group_problem(p, plan.head_groups);
   BackwardLayout layout{};
-  layout.fwd = ForwardWorkspace::carve(m, part, true, bytes, false);
+  layout.fwd = ForwardWorkspace::carve(m, part, ForwardUse::kBackward, bytes);
   layout.bwd = BackwardWorkspace::carve(m, part, layout.fwd, bytes);
   if (segmented) {
     for (float*& carry : layout.parts.carry) carry = m.take<float>(segment_state_elements(p));
@@ -103,7 +103,7 @@ unsigned tiles(int64_t extent, int tile) { return static_cast<unsigned>(ceil_div
 // to B8 read), B1 into the backward's. One layout for sizing and for the run.
 void carve_summary(Carver& m, const Problem& p, BackwardParams& params) {
   const int bytes = operand_bytes(kSummaryProducts);
-  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, false, bytes, false);
+  const ForwardWorkspace fwd = ForwardWorkspace::carve(m, p, ForwardUse::kOwn, bytes);
   params.fwd = forward_params(p, fwd);
   params.ws = BackwardWorkspace::carve(m, p, fwd, bytes);
 }

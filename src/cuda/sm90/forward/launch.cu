@@ -38,8 +38,9 @@ struct ForwardLayout {
 };
 
 ForwardLayout carve_forward(Carver& m, const Problem& p, bool saving) {
+  const ForwardUse use = p.keep_forward ? ForwardUse::kBackward : saving ? ForwardUse::kSaving : ForwardUse::kOwn;
   ForwardLayout layout{};
-  layout.ws = ForwardWorkspace::carve(m, p, p.keep_forward, operand_bytes(products_for(p)), saving);
+  layout.ws = ForwardWorkspace::carve(m, p, use, operand_bytes(products_for(p)));
   const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<true>::kTile);
   layout.pieces = forward_pieces(p, layout.ws, static_cast<int64_t>(f4.x) * f4.y);
   // forward_workspace_bytes sizes keep_forward's layout as the backward's, which has no carry.
@@ -101,7 +102,7 @@ void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
 // The forward's own layout (nothing kept for a backward), with products of precision `products`.
 uint64_t own_workspace_bytes(const Problem& p, Products products) {
   Carver measure;
-  ForwardWorkspace::carve(measure, p, false, operand_bytes(products), false);
+  ForwardWorkspace::carve(measure, p, ForwardUse::kOwn, operand_bytes(products));
   return measure.bytes();
 }
 
@@ -308,7 +309,7 @@ uint64_t cp_forward_summary_workspace_bytes(const Problem& p) { return own_works
 void cp_forward_summary(const Problem& p, int64_t sequence, float* summary, char* workspace, void* stream) {
   Carver carver(workspace);
   CpForwardSummaryParams params{};
-  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, false, operand_bytes(kSummaryProducts), false));
+  params.fwd = forward_params(p, ForwardWorkspace::carve(carver, p, ForwardUse::kOwn, operand_bytes(kSummaryProducts)));
   params.sequence = sequence;
   params.summary = summary;
   forward_local_stages(p, params.fwd, kSummaryProducts, stream);

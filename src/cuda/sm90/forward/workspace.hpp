@@ -20,6 +20,13 @@ __host__ __device__ constexpr int64_t state_scales_at(int64_t block, int e, int 
   return (block * (V / kStateScaleCols) + e / kStateScaleCols) * K;
 }
 
+// Which layout a forward workspace is carved in.
+enum class ForwardUse {
+  kOwn,       // the forward alone: P for F4 in the operands' type
+  kSaving,    // the forward given `saved`, where F2 writes P for F4: no region for it here
+  kBackward,  // the backward's, whose first part keep_forward's forward fills and B0 recomputes
+};
+
 struct ForwardWorkspace {
   float* gamma;            // [B*T, HV, K] chunk-local cumulative log decay, which F2 computes (F1) in
                            // shared memory and writes here for the backward's stages; nullptr in the
@@ -76,7 +83,8 @@ struct ForwardWorkspace {
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  static ForwardWorkspace carve(Carver& m, const Problem& p, bool for_backward, int operand_bytes, bool p_saved) {
+  static ForwardWorkspace carve(Carver& m, const Problem& p, ForwardUse use, int operand_bytes) {
+    const bool for_backward = use == ForwardUse::kBackward;
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: the states in bf16.
@@ -87,7 +95,7 @@ struct ForwardWorkspace {
     w.recompute = for_backward && !p.keep_forward;
     w.gamma = for_backward ? m.take<float>(rows * p.K) : nullptr;
     const int64_t p_bytes = for_backward ? static_cast<int64_t>(sizeof(float)) : operand_bytes;
-    w.P = w.recompute || p_saved ? nullptr : m.take<char>(rows * p.chunk * p_bytes);
+    w.P = w.recompute || use == ForwardUse::kSaving ? nullptr : m.take<char>(rows * p.chunk * p_bytes);
     // K_down's start, aligned as every carved array's.
     const auto operand = static_cast<int64_t>(Carver::aligned(static_cast<size_t>(rows * p.K * operand_bytes)));
     char* w_kd = m.take<char>(2 * operand);
