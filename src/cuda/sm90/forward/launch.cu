@@ -27,8 +27,7 @@ constexpr int kMaxHeadDim = 128;  // shared-memory plan of the fp32 stage kernel
 
 // The forward's workspace: the stages' (with keep_forward laid out as the backward's, whose first part
 // the forward fills, T and the activated inputs included, for the backward to read), then what its
-// pieces hand on (forward/pieces.hpp). One layout for sizing and for the run. `saving`: the forward
-// is given `saved`, where F2 writes P for F4 (no region for it here).
+// pieces hand on (forward/pieces.hpp). One layout for sizing and for the run.
 struct ForwardLayout {
   ForwardWorkspace ws;
   ForwardPieces pieces;
@@ -37,8 +36,13 @@ struct ForwardLayout {
   float* slice_states;  // time slices: the states entering slices 1 on, each like initial_state
 };
 
-ForwardLayout carve_forward(Carver& m, const Problem& p, bool saving) {
-  const ForwardUse use = p.keep_forward ? ForwardUse::kBackward : saving ? ForwardUse::kSaving : ForwardUse::kOwn;
+// keep_forward lays the forward out as the backward (a `saved` given then is not written); else a
+// forward given `saved` writes T and P there.
+ForwardUse forward_use(const Problem& p, bool saved_given) {
+  return p.keep_forward ? ForwardUse::kBackward : saved_given ? ForwardUse::kSaving : ForwardUse::kOwn;
+}
+
+ForwardLayout carve_forward(Carver& m, const Problem& p, ForwardUse use) {
   ForwardLayout layout{};
   layout.ws = ForwardWorkspace::carve(m, p, use, operand_bytes(products_for(p)));
   const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<true>::kTile);
@@ -231,7 +235,7 @@ void check_supported(const Problem& p) {
 uint64_t forward_workspace_bytes(const Problem& p, bool saving) {
   if (p.keep_forward) return backward_workspace_bytes(p);  // carve_forward's layout is its first part
   Carver measure;
-  carve_forward(measure, p, saving);
+  carve_forward(measure, p, forward_use(p, saving));
   return measure.bytes();
 }
 
@@ -280,14 +284,14 @@ uint64_t saved_bytes(const Problem& p) {
 }
 
 void forward(const Problem& p, const fkt_forward_outputs& out, void* stream) {
-  const bool saving = !p.keep_forward && out.saved != nullptr;
+  const ForwardUse use = forward_use(p, out.saved != nullptr);
   Carver carver(TensorRef(out.workspace, "workspace").bytes());
-  const ForwardLayout layout = carve_forward(carver, p, saving);
+  const ForwardLayout layout = carve_forward(carver, p, use);
   ForwardParams params = forward_params(p, layout.ws);
   params.o = data_or_null(out.o, "o");
   params.final_state = static_cast<float*>(data_or_null(out.final_state, "final_state"));
   params.intermediate_states = data_or_null(out.intermediate_states, "intermediate_states");
-  if (saving) {  // F2 keeps T and P, F4 the segments' entering states
+  if (use == ForwardUse::kSaving) {  // F2 keeps T and P, F4 the segments' entering states
     Carver saved_carver(TensorRef(out.saved, "saved").bytes());
     const SavedLayout saved = SavedLayout::carve(saved_carver, p, operand_bytes(products_for(p)));
     params.ws.T = saved.T;
