@@ -5,11 +5,11 @@
 # JSON/markdown go to $OUT (default /tmp/fkt-gpu-check). Uses the python3 on PATH (FKT_NO_VENV=1:
 # the GPU machine reaches no registry). Extra arguments go to the benchmark (e.g. --shapes; a later
 # --impls ours,fla or --accuracy auto overrides the defaults here). Wheels carried in .whl/ (FLA)
-# are installed to a scratch folder on PYTHONPATH, and FLA's autotuning results carried in
-# .triton-autotune/*.tgz are unpacked into the Triton cache and packed back, with the new ones, into
-# $OUT/triton_autotune.tgz (benchmarks/README.md). It writes eight files into $OUT, the most the
-# device tool brings back: with other files beside them, pack the folder. Exits non-zero when a
-# test, memcheck or the main job fails.
+# are installed to a scratch folder on PYTHONPATH, and FLA's autotuning results kept in the tree,
+# benchmarks/fla_autotune/*.tgz, are unpacked into the Triton cache and packed back, with the new
+# ones, into $OUT/triton_autotune.tgz (benchmarks/README.md). It writes eight files into $OUT, the
+# most the device tool brings back: with other files beside them, pack the folder. Exits non-zero
+# when a test, memcheck or the main job fails.
 set -uo pipefail
 export FKT_NO_VENV=1 FKT_SKIP_SETUP=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -24,7 +24,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/fkt-site"
 fi
 mkdir -p "$TRITON_CACHE_DIR"
-for f in .triton-autotune/*.tgz; do [[ -f "$f" ]] && tar xzf "$f" -C "$TRITON_CACHE_DIR"; done
+for f in benchmarks/fla_autotune/*.tgz; do [[ -f "$f" ]] && tar xzf "$f" -C "$TRITON_CACHE_DIR"; done
 
 failed=()
 step "Python tests (GPU included)" "$FKT_PY" -m pytest tests/python -q -rs 2>&1 | tee "$OUT/pytest.log" | tail -15
