@@ -3,10 +3,11 @@
 # libraries carried; benchmarks/README.md): for each VARIANT, benchmarks/ab.py --bits against BASE
 # (every output and gradient of scripts/bitdump.py's calls compared bit for bit, then the benchmark
 # of our op, rounds alternating A and B) into $OUT/ab-NAME.md, NAME being the variant's file name
-# without .so; with CHECK=1 also the CUDA tests and memcheck with that variant. An A/B of four shapes
-# took about 50 s on an H100 (2026-12-07), so one 600 s call holds several. Each step's exit status,
-# time and the tests' last lines go to $OUT/run.log; the most files the device tool returns is
-# eight, so at most seven variants. Environment: SHAPES, ROUNDS (2), CHECK (0), AB_TIMEOUT (230 s).
+# without .so; with CHECK=1 also the CUDA tests and memcheck with that variant. An A/B of four
+# shapes took about 50 s on an H100 (2026-12-07), so one 600 s call holds several. Each step's exit
+# status, time and the tests' last lines go to $OUT/run.log; the most files the device tool returns
+# is eight, so at most seven variants. Environment: SHAPES, ROUNDS (else ab.py's default), CHECK
+# (0), AB_TIMEOUT (230 s).
 #
 #     bash scripts/device_ab.sh build-var/main.so build-var/variant-a.so build-var/variant-b.so
 set -uo pipefail
@@ -33,7 +34,7 @@ for variant in "$@"; do
   name="$(basename "$lib" .so)"
   echo "== ab-$name at $((SECONDS - start)) s" >> "$log"
   timeout "${AB_TIMEOUT:-230}" "$FKT_PY" benchmarks/ab.py --bits --a "$base" --b "$lib" --shapes "$shapes" \
-    --out "/tmp/ab-$name" --rounds "${ROUNDS:-2}" -- --warmup 2 --reps 10 > "$OUT/ab-$name.md" 2>&1
+    --out "/tmp/ab-$name" ${ROUNDS:+--rounds "$ROUNDS"} -- --warmup 2 --reps 10 > "$OUT/ab-$name.md" 2>&1
   status=$?
   echo "ab exit $status at $((SECONDS - start)) s" >> "$log"
   [[ $status == 0 ]] || failed=1
