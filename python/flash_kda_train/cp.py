@@ -15,6 +15,12 @@ affine over a slice, so the ranks exchange one small summary per direction:
   from the farthest to the nearest into that sequence's final-state gradient; then the ordinary
   backward runs. No ``dh0`` is returned.
 
+FLA's zigzag layout (``build_cp_context(..., layout="zigzag")``) splits the tokens into
+``2 world`` parts instead; rank ``r`` holds parts ``r`` and ``2 world - 1 - r`` (its local tokens
+are the two parts one after the other), which balances the ranks' work when sequences are causal
+and long. Each part is a slot of the chain above: every rank sends one summary per part in the same
+all-gather, and the summaries are folded in slot order.
+
 Every rank returns exactly what the single-device op returns for its slice, with gradients. The
 parameter gradients (``dA_log``, ``ddt_bias``) of a rank are the contributions of its own tokens;
 sum them over the group (as data-parallel training does for any parameter) for the full gradient.
@@ -33,7 +39,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Optional
+import operator
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -49,23 +56,33 @@ class CPContext:
     start at 0); ``pre_num_ranks`` is how many earlier ranks the first local sequence continues from
     (0: it starts on this rank), ``post_num_ranks`` how many later ranks the last local sequence
     continues on (0: it ends on this rank). ``group`` is the process group (None: the default group).
+
+    With ``layout == "zigzag"`` the rank holds two parts of ``part_len`` tokens (chain slots ``rank``
+    and ``2 world - 1 - rank``), the first ``front_num_seqs`` local sequences in the first; the two
+    counts are per part, in slots, in ``pre_num_ranks_by_part`` and ``post_num_ranks_by_part``, and
+    ``pre_num_ranks`` and ``post_num_ranks`` are None, as FLA has them.
     """
 
     group: Optional[dist.ProcessGroup] = None
     cu_seqlens: Optional[torch.Tensor] = None
     cu_seqlens_cpu: Optional[torch.Tensor] = None
-    pre_num_ranks: int = 0
-    post_num_ranks: int = 0
+    pre_num_ranks: Optional[int] = 0
+    post_num_ranks: Optional[int] = 0
+    layout: str = "contiguous"
+    part_len: Optional[int] = None
+    front_num_seqs: Optional[int] = None
+    pre_num_ranks_by_part: Optional[Tuple[int, int]] = None
+    post_num_ranks_by_part: Optional[Tuple[int, int]] = None
 
     @property
-    def is_first_rank(self) -> bool:
-        """True when the first local sequence starts on this rank."""
-        return self.pre_num_ranks == 0
+    def is_first_rank(self) -> Optional[bool]:
+        """True when the first local sequence starts on this rank (None with the zigzag layout)."""
+        return None if self.pre_num_ranks is None else self.pre_num_ranks == 0
 
     @property
-    def is_last_rank(self) -> bool:
-        """True when the last local sequence ends on this rank."""
-        return self.post_num_ranks == 0
+    def is_last_rank(self) -> Optional[bool]:
+        """True when the last local sequence ends on this rank (None with the zigzag layout)."""
+        return None if self.post_num_ranks is None else self.post_num_ranks == 0
 
     @property
     def num_seqs(self) -> int:
@@ -81,15 +98,18 @@ class CPContext:
 
 def build_cp_context(cu_seqlens: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
                      cu_seqlens_cpu: Optional[torch.Tensor] = None, *, rank: Optional[int] = None,
-                     world_size: Optional[int] = None) -> CPContext:
+                     world_size: Optional[int] = None, layout: str = "contiguous") -> CPContext:
     """The context of this rank from the GLOBAL ``cu_seqlens`` of the packed batch.
 
     The ``T`` tokens are split into ``world_size`` contiguous slices of ``T / world_size`` tokens
-    (``T`` must be divisible); rank ``r`` holds tokens ``[r T / world, (r + 1) T / world)``. Empty
-    sequences are dropped (they have no tokens on any rank). ``rank`` and ``world_size`` default to
-    those of ``group`` (torch.distributed must then be initialised); pass them to build the context
-    of any rank without a process group.
+    (``T`` must be divisible); rank ``r`` holds tokens ``[r T / world, (r + 1) T / world)``. With
+    ``layout="zigzag"`` (FLA's) they are split into ``2 world_size`` parts and rank ``r`` holds parts
+    ``r`` and ``2 world_size - 1 - r``, in that order. Empty sequences are dropped (they have no
+    tokens on any rank). ``rank`` and ``world_size`` default to those of ``group`` (torch.distributed
+    must then be initialised); pass them to build the context of any rank without a process group.
     """
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"layout: expected 'contiguous' or 'zigzag', got {layout!r}")
     if world_size is None or rank is None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("build_cp_context: torch.distributed is not initialised; pass rank and world_size, or "
@@ -108,22 +128,33 @@ def build_cp_context(cu_seqlens: torch.Tensor, group: Optional[dist.ProcessGroup
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets starting at 0, got {offsets}")
     total = offsets[-1]
-    if total == 0 or total % world_size:
-        raise ValueError(f"cu_seqlens: context parallelism splits the T = {total} packed tokens into world_size = "
-                         f"{world_size} equal slices; T must be a positive multiple of world_size")
-    part = total // world_size
-    start, end = rank * part, (rank + 1) * part
-    # The non-empty global sequences overlapping [start, end), in order; they tile the slice.
-    spans = [(a, b) for a, b in zip(offsets, offsets[1:]) if b > a and a < end and b > start]
-    local = [0] + [min(b, end) - start for _, b in spans]
-    local_cpu = torch.tensor(local, dtype=torch.int64)
-    return CPContext(
-        group=group,
-        cu_seqlens=local_cpu.to(cu_seqlens.device),
-        cu_seqlens_cpu=local_cpu,
-        pre_num_ranks=rank - spans[0][0] // part,
-        post_num_ranks=(spans[-1][1] - 1) // part - rank,
-    )
+    parts = world_size if layout == "contiguous" else 2 * world_size
+    if total == 0 or total % parts:
+        what = "world_size" if layout == "contiguous" else "2 world_size"
+        raise ValueError(f"cu_seqlens: context parallelism splits the T = {total} packed tokens into {what} = "
+                         f"{parts} equal parts; T must be a positive multiple of {what}")
+    part = total // parts
+
+    def interval(slot):
+        """This slot's local offsets, and how many slots its first sequence continues from and its last on."""
+        start, end = slot * part, (slot + 1) * part
+        # The non-empty global sequences overlapping [start, end), in order; they tile the part.
+        spans = [(a, b) for a, b in zip(offsets, offsets[1:]) if b > a and a < end and b > start]
+        local = [0] + [min(b, end) - start for _, b in spans]
+        return local, slot - spans[0][0] // part, (spans[-1][1] - 1) // part - slot
+
+    if layout == "contiguous":
+        local, pre, post = interval(rank)
+        local_cpu = torch.tensor(local, dtype=torch.int64)
+        return CPContext(group=group, cu_seqlens=local_cpu.to(cu_seqlens.device), cu_seqlens_cpu=local_cpu,
+                         pre_num_ranks=pre, post_num_ranks=post)
+    front, front_pre, front_post = interval(rank)
+    back, back_pre, back_post = interval(2 * world_size - 1 - rank)
+    local_cpu = torch.tensor(front + [part + x for x in back[1:]], dtype=torch.int64)
+    return CPContext(group=group, cu_seqlens=local_cpu.to(cu_seqlens.device), cu_seqlens_cpu=local_cpu,
+                     pre_num_ranks=None, post_num_ranks=None, layout="zigzag", part_len=part,
+                     front_num_seqs=len(front) - 1, pre_num_ranks_by_part=(front_pre, back_pre),
+                     post_num_ranks_by_part=(front_post, back_post))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,30 +221,89 @@ def fold(summaries: torch.Tensor, first: int, count: int, backward: bool, state_
 # ---------------------------------------------------------------------------------------------------
 # The exchange and the autograd function.
 
-class _Layout:
-    """The rank's view of the context, checked against the process group."""
+class _Part(NamedTuple):
+    """One chain slot a rank holds: its local sequences first .. last, and how many slots its first
+    sequence continues from (pre) and its last continues on (post)."""
 
-    def __init__(self, cp_context, num_seqs: int):
+    slot: int
+    first: int
+    last: int
+    pre: int
+    post: int
+
+
+def _count(value, what: str) -> int:
+    """A count of the context as an int (None: 0)."""
+    if value is None:
+        return 0
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"cp_context: {what} must be an integer, got {value!r}") from None
+
+
+class _Layout:
+    """The rank's view of the context, checked against the process group and its local offsets."""
+
+    def __init__(self, cp_context, offsets: List[int]):
+        layout = getattr(cp_context, "layout", "contiguous")
+        if layout not in ("contiguous", "zigzag"):
+            raise ValueError(f"cp_context: layout {layout!r} is not supported; expected 'contiguous' or 'zigzag'")
         self.group = getattr(cp_context, "group", None)
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("cp_context: context parallelism needs an initialised torch.distributed process group")
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        self.pre = int(getattr(cp_context, "pre_num_ranks", 0) or 0)
-        self.post = int(getattr(cp_context, "post_num_ranks", 0) or 0)
-        self.num_seqs = num_seqs
-        if self.pre < 0 or self.post < 0 or self.pre > self.rank or self.rank + self.post >= self.world:
-            raise ValueError(f"cp_context: pre_num_ranks = {self.pre} and post_num_ranks = {self.post} do not fit "
-                             f"rank {self.rank} of a group of {self.world}")
+        num_seqs = len(offsets) - 1
         if num_seqs < 1:
             raise ValueError("cp_context: the rank-local cu_seqlens must hold at least one sequence")
+        if layout == "contiguous":
+            pre = _count(getattr(cp_context, "pre_num_ranks", 0), "pre_num_ranks")
+            post = _count(getattr(cp_context, "post_num_ranks", 0), "post_num_ranks")
+            self.slots = self.world
+            self.parts = [_Part(self.rank, 0, num_seqs - 1, pre, post)]
+            if pre < 0 or post < 0 or pre > self.rank or self.rank + post >= self.world:
+                raise ValueError(f"cp_context: pre_num_ranks = {pre} and post_num_ranks = {post} do not fit "
+                                 f"rank {self.rank} of a group of {self.world}")
+        else:
+            self.slots = 2 * self.world
+            self.parts = self._zigzag_parts(cp_context, offsets)
 
-    def all_gather(self, summary: torch.Tensor) -> torch.Tensor:
-        """[world, HV, K, V + K]: every rank's summary (zeros from ranks with nothing to send)."""
+    def _zigzag_parts(self, cp_context, offsets: List[int]) -> List[_Part]:
+        part_len = _count(getattr(cp_context, "part_len", None), "part_len")
+        front = _count(getattr(cp_context, "front_num_seqs", None), "front_num_seqs")
+        pre = getattr(cp_context, "pre_num_ranks_by_part", None)
+        post = getattr(cp_context, "post_num_ranks_by_part", None)
+        if not all(isinstance(counts, (tuple, list)) and len(counts) == 2 for counts in (pre, post)):
+            raise ValueError(f"cp_context: a zigzag layout needs pre_num_ranks_by_part and post_num_ranks_by_part "
+                             f"(two counts each), got {pre!r} and {post!r}")
+        num_seqs = len(offsets) - 1
+        if part_len < 1 or offsets[-1] != 2 * part_len or not 1 <= front < num_seqs or offsets[front] != part_len:
+            raise ValueError(f"cp_context: a zigzag layout holds two parts of part_len = {part_len} tokens, the first "
+                             f"front_num_seqs = {front} local sequences in the first; the local cu_seqlens "
+                             f"{offsets} do not match")
+        slots = (self.rank, self.slots - 1 - self.rank)
+        parts = [_Part(slots[0], 0, front - 1, _count(pre[0], "pre_num_ranks_by_part"),
+                       _count(post[0], "post_num_ranks_by_part")),
+                 _Part(slots[1], front, num_seqs - 1, _count(pre[1], "pre_num_ranks_by_part"),
+                       _count(post[1], "post_num_ranks_by_part"))]
+        for part in parts:
+            if part.pre < 0 or part.post < 0 or part.pre > part.slot or part.slot + part.post >= self.slots:
+                raise ValueError(f"cp_context: pre_num_ranks_by_part = {tuple(pre)} and post_num_ranks_by_part = "
+                                 f"{tuple(post)} do not fit slots {slots} of {self.slots}")
+        return parts
+
+    def all_gather(self, summaries: torch.Tensor) -> torch.Tensor:
+        """[slots, HV, K, V + K]: every slot's summary in chain order, from this rank's [parts, HV, K, V + K]
+        (zeros for a part with nothing to send)."""
         # Concatenated along dim 0, the output shape every backend accepts (Gloo rejects a stacked one).
-        gathered = summary.new_empty((self.world * summary.shape[0], *summary.shape[1:]))
-        dist.all_gather_into_tensor(gathered, summary.contiguous(), group=self.group)
-        return gathered.view(self.world, *summary.shape)
+        gathered = summaries.new_empty((self.world * summaries.shape[0], *summaries.shape[1:]))
+        dist.all_gather_into_tensor(gathered, summaries.contiguous(), group=self.group)
+        by_rank = gathered.view(self.world, *summaries.shape)
+        if len(self.parts) == 1:
+            return by_rank[:, 0]
+        # Zigzag: slot s < world is rank s's first part, slot s >= world rank 2 world - 1 - s's second.
+        return torch.cat([by_rank[:, 0], by_rank.flip(0)[:, 1]])
 
 
 class _ChunkKDAContextParallel(torch.autograd.Function):
@@ -224,19 +314,21 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         # summarise must not leave the others waiting in the collective.
         call = _call(cfg, inputs)
         sizes = _cp_sizes(call)
-        summary = _empty_summary(inputs)
-        if layout.post > 0:
-            summary = _forward_summary(call, sizes, layout.num_seqs - 1)
-        gathered = layout.all_gather(summary)
+        summaries = torch.stack([_forward_summary(call, sizes, part.last) if part.post > 0 else _empty_summary(inputs)
+                                 for part in layout.parts])
+        gathered = layout.all_gather(summaries)
         h0 = None
-        if layout.pre > 0:
-            shape = _core.state_shape(cfg, inputs, layout.num_seqs)
+        if any(part.pre > 0 for part in layout.parts):
+            shape = _core.state_shape(cfg, inputs, layout.parts[-1].last + 1)
             h0 = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
-            fold(gathered, layout.rank - layout.pre, layout.pre, False, cfg.state_v_first, h0[0])
+            for part in layout.parts:
+                if part.pre > 0:
+                    fold(gathered, part.slot - part.pre, part.pre, False, cfg.state_v_first, h0[part.first])
         result = _core.forward(cfg, inputs._replace(initial_state=h0), False)
-        # Only the first sequence's entering state is kept; backward expands it again. `saved`: what
-        # the forward kept for its backward (T and P on CUDA), which does not depend on h0.
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0[0] if h0 is not None else None, result.saved)
+        # Only the parts' first sequences' entering states are kept; backward expands them again.
+        # `saved`: what the forward kept for its backward (T and P on CUDA), which does not depend on h0.
+        entering = h0[[part.first for part in layout.parts]] if h0 is not None else None
+        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, entering, result.saved)
         o = result.o
         ctx.cfg, ctx.layout, ctx.cu = cfg, layout, (cu_seqlens, cu_seqlens_cpu)
         return o
@@ -244,26 +336,27 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # no second-order terms: create_graph then raises
     def backward(ctx, d_o):
-        q, k, v, g, beta, A_log, dt_bias, first_state, saved = ctx.saved_tensors
+        q, k, v, g, beta, A_log, dt_bias, entering, saved = ctx.saved_tensors
         cfg, layout = ctx.cfg, ctx.layout
         inputs = _core.Inputs(q, k, v, g, beta, A_log, dt_bias, None, *ctx.cu)
         d_o = d_o.contiguous()
         # Every rank plans (validates) the call before the exchange, as the forward does.
         call = _call(cfg, inputs)
         sizes = _cp_sizes(call)
-        summary = _empty_summary(inputs)
-        if layout.pre > 0:
-            summary = _backward_summary(call, sizes, d_o, 0)
-        gathered = layout.all_gather(summary)
-        shape = _core.state_shape(cfg, inputs, layout.num_seqs)
+        summaries = torch.stack([_backward_summary(call, sizes, d_o, part.first) if part.pre > 0
+                                 else _empty_summary(inputs) for part in layout.parts])
+        gathered = layout.all_gather(summaries)
+        shape = _core.state_shape(cfg, inputs, layout.parts[-1].last + 1)
         d_final_state = None
-        if layout.post > 0:
+        if any(part.post > 0 for part in layout.parts):
             d_final_state = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
-            fold(gathered, layout.rank + 1, layout.post, True, cfg.state_v_first, d_final_state[-1])
+            for part in layout.parts:
+                if part.post > 0:
+                    fold(gathered, part.slot + 1, part.post, True, cfg.state_v_first, d_final_state[part.last])
         h0 = None
-        if first_state is not None:
-            h0 = torch.zeros(shape, dtype=first_state.dtype, device=first_state.device)
-            h0[0] = first_state
+        if entering is not None:
+            h0 = torch.zeros(shape, dtype=entering.dtype, device=entering.device)
+            h0[[part.first for part in layout.parts]] = entering
         grads = _core.backward(cfg, inputs._replace(initial_state=h0), d_o, d_final_state, saved)
         return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dA_log, grads.ddt_bias,
                 None, None, None, None)
@@ -280,7 +373,7 @@ def chunk_kda(cfg: _core.Config, q, k, v, g, beta, A_log, dt_bias, cp_context) -
         cu_seqlens_cpu = cu_seqlens.detach().cpu()
     if cu_seqlens.device != q.device:  # a context built from host offsets, used with CUDA tensors
         cu_seqlens = cu_seqlens.to(q.device)
-    layout = _Layout(cp_context, int(cu_seqlens_cpu.numel()) - 1)
+    layout = _Layout(cp_context, [int(x) for x in cu_seqlens_cpu.reshape(-1).tolist()])
     # The context-parallel backward recomputes: it runs the slice again from the exchanged states.
     cfg = dataclasses.replace(cfg, disable_recompute=False)
     return _ChunkKDAContextParallel.apply(q, k, v, g, beta, A_log, dt_bias, cfg, layout, cu_seqlens, cu_seqlens_cpu)

@@ -1,11 +1,13 @@
 """Context parallelism over torch.distributed: 2 and 4 processes with Gloo on the CPU.
 
-Every rank holds a contiguous T / world slice of a packed B = 1 batch and calls
-``chunk_kda(..., cp_context=build_cp_context(cu_seqlens, group))``; its output and every gradient
-must equal the single-process result on the same slice (float64: rel RMS <= 1e-10, float32:
-<= 1e-5). The per-rank parameter gradients (dA_log, ddt_bias) are the contributions of the rank's
-tokens: checked against a single-process run in which each rank's tokens use their own copy of the
-parameters, and their sum over the group against the full gradient.
+Every rank holds a contiguous T / world slice of a packed B = 1 batch (or, in FLA's zigzag layout,
+parts r and 2 world - 1 - r of 2 world parts) and calls
+``chunk_kda(..., cp_context=build_cp_context(cu_seqlens, group))`` (or with the context of FLA's
+``get_cp_cu_seqlens``); its output and every gradient must equal the single-process result on the
+same tokens (float64: rel RMS <= 1e-10, float32: <= 1e-5). The per-rank parameter gradients
+(dA_log, ddt_bias) are the contributions of the rank's tokens: checked against a single-process run
+in which each rank's tokens use their own copy of the parameters, and their sum over the group
+against the full gradient.
 
 The gates are weak (per-token log decay ~ -0.01) so that the state crossing a rank boundary
 matters; each case also checks that it does (dropping the exchange would change o or the gradients by
@@ -18,8 +20,10 @@ cases on CUDA tensors over NCCL through `run_world`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
+import importlib.util
 import json
 import os
 import pathlib
@@ -56,7 +60,21 @@ CASES = {
     "fp32": dict(cu=[0, 30, 101, 150, T], dtype=torch.float32),
     "fp32_gate_gva_vfirst": dict(cu=[0, 20, 130, T], dtype=torch.float32, gate="softplus", l2norm=True, H=1, HV=2,
                                  state_v_first=True),
+    # FLA's zigzag layout: 2 world parts (48 tokens with 2 ranks, 24 with 4: shorter than a chunk),
+    # rank r holding parts r and 2 world - 1 - r; with 2 ranks rank 1 holds parts 1 and 2, one sequence
+    # crossing between its own two parts.
+    "zigzag_one_sequence": dict(cu=[0, T], layout="zigzag"),
+    "zigzag_ragged": dict(cu=[0, 30, 101, 150, T], layout="zigzag"),
+    "zigzag_many_short": dict(cu=[0, 5, 17, 40, 41, 60, 90, 100, 130, 131, 170, T], layout="zigzag"),
+    "zigzag_gate_l2norm": dict(cu=[0, 20, 130, T], gate="softplus", l2norm=True, beta_sigmoid=True, layout="zigzag"),
+    "zigzag_gva_vfirst_chunk64": dict(cu=[0, 70, T], H=1, HV=4, state_v_first=True, K=8, V=12, chunk_size=64,
+                                      layout="zigzag"),
+    "zigzag_fp32": dict(cu=[0, 30, 101, 150, T], dtype=torch.float32, layout="zigzag"),
 }
+if importlib.util.find_spec("fla") is not None:  # fla-core, a test dependency (pyproject.toml)
+    # The contexts of FLA's own get_cp_cu_seqlens (a drop-in's callers build them with FLA).
+    CASES["fla_context"] = dict(cu=[0, 30, 101, 150, T], fla_context=True)
+    CASES["fla_context_zigzag"] = dict(cu=CASES["many_short"]["cu"], layout="zigzag", fla_context=True)
 WORLD_SIZES = (2, 4)
 BOUND = {torch.float64: 1e-10, torch.float32: 1e-5}
 GRADS = ("q", "k", "v", "g", "beta")
@@ -66,7 +84,7 @@ PARAMS = ("A_log", "dt_bias")
 def make_case(name, cases=CASES):
     """The global inputs and keyword arguments of a case (the same on every rank: seeded by name)."""
     spec = dict(H=2, HV=2, K=16, V=8, dtype=torch.float64, gate=None, l2norm=False, beta_sigmoid=False,
-                neg_eigval=False, state_v_first=False, chunk_size=32)
+                neg_eigval=False, state_v_first=False, chunk_size=32, layout="contiguous", fla_context=False)
     spec.update(cases[name])
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
     H, HV, K, V, dtype = spec["H"], spec["HV"], spec["K"], spec["V"], spec["dtype"]
@@ -120,12 +138,31 @@ def torch_gate(g, A_log, dt_bias, kw):
     return kw["lower_bound"] * torch.sigmoid(rate * x)
 
 
-def per_rank_param_grads(x, kw, d_o, cu, world):
+def owners(world, layout):
+    """The rank holding each of the equal parts of the T tokens, in token order."""
+    if layout == "contiguous":
+        return list(range(world))
+    return [s if s < world else 2 * world - 1 - s for s in range(2 * world)]
+
+
+def token_ranges(rank, world, layout):
+    """The [lo, hi) ranges of the global tokens that a rank holds, in its local order."""
+    held = owners(world, layout)
+    part = T // len(held)
+    return [(s * part, (s + 1) * part) for s, r in enumerate(held) if r == rank]
+
+
+def local_tokens(t, ranges):
+    return torch.cat([t[:, lo:hi] for lo, hi in ranges], dim=1)
+
+
+def per_rank_param_grads(x, kw, d_o, cu, world, layout):
     """dA_log, ddt_bias of each rank's tokens: the gate computed in torch with one parameter copy per rank."""
     copies = [{n: x[n].detach().clone().requires_grad_(True) for n in PARAMS if n in x} for _ in range(world)]
-    part = T // world
-    g = torch.cat([torch_gate(x["g"][:, r * part:(r + 1) * part].detach(), c["A_log"], c.get("dt_bias"), kw)
-                   for r, c in enumerate(copies)], dim=1)
+    held = owners(world, layout)
+    part = T // len(held)
+    g = torch.cat([torch_gate(x["g"][:, s * part:(s + 1) * part].detach(), copies[r]["A_log"],
+                              copies[r].get("dt_bias"), kw) for s, r in enumerate(held)], dim=1)
     pre_kw = {n: v for n, v in kw.items() if n not in ("use_gate_in_kernel", "lower_bound", "safe_gate")}
     o = fkt.chunk_kda(*(x[n].detach() for n in ("q", "k", "v")), g, x["beta"].detach(), cu_seqlens=cu, **pre_kw)[0]
     torch.autograd.backward(o, d_o)
@@ -136,8 +173,7 @@ def run_case(name, rank, world, cases, device):
     """Errors of one case on this rank (a dict of floats), every tensor on `device`."""
     x, kw, d_o, cu, spec = make_case(name, cases)
     x, d_o, cu = {n: t.to(device) for n, t in x.items()}, d_o.to(device), cu.to(device)
-    part = T // world
-    lo, hi = rank * part, (rank + 1) * part
+    ranges = token_ranges(rank, world, spec["layout"])
     errors = {}
 
     # The single-process reference on the whole batch.
@@ -146,16 +182,22 @@ def run_case(name, rank, world, cases, device):
     torch.autograd.backward(o_ref, d_o)
 
     # Context-parallel: this rank's slice.
-    ctx = build_cp_context(cu, group=None)
-    mine = {n: (t[:, lo:hi] if n in GRADS else t).detach().clone().requires_grad_(True) for n, t in x.items()}
+    if spec["fla_context"]:
+        from fla.ops.cp.context import get_cp_cu_seqlens
+
+        ctx = get_cp_cu_seqlens(cu, world_size=world, rank=rank, layout=spec["layout"])
+    else:
+        ctx = build_cp_context(cu, group=None, layout=spec["layout"])
+    mine = {n: (local_tokens(t, ranges) if n in GRADS else t).detach().clone().requires_grad_(True)
+            for n, t in x.items()}
     o = call(mine, kw, cp_context=ctx)
-    torch.autograd.backward(o, d_o[:, lo:hi])
-    errors["o"] = rel_rms(o, o_ref[:, lo:hi])
+    torch.autograd.backward(o, local_tokens(d_o, ranges))
+    errors["o"] = rel_rms(o, local_tokens(o_ref, ranges))
     for n in GRADS:
-        errors["d" + n] = rel_rms(mine[n].grad, ref[n].grad[:, lo:hi])
+        errors["d" + n] = rel_rms(mine[n].grad, local_tokens(ref[n].grad, ranges))
     params = [n for n in PARAMS if n in x]
     if params:
-        expected = per_rank_param_grads(x, kw, d_o, cu, world)[rank]
+        expected = per_rank_param_grads(x, kw, d_o, cu, world, spec["layout"])[rank]
         for n in params:
             errors["d" + n] = rel_rms(mine[n].grad, expected[n])
             total = mine[n].grad.clone()
@@ -163,12 +205,16 @@ def run_case(name, rank, world, cases, device):
             errors["d" + n + "_sum"] = rel_rms(total, ref[n].grad)
 
     # The exchange matters: without it (a plain local call) o or the gradients would differ.
-    errors["pre_num_ranks"], errors["post_num_ranks"] = ctx.pre_num_ranks, ctx.post_num_ranks
-    plain = leaves({n: (t[:, lo:hi] if n in GRADS else t) for n, t in x.items()})
+    if spec["layout"] == "contiguous":
+        errors["pre_num_ranks"], errors["post_num_ranks"] = ctx.pre_num_ranks, ctx.post_num_ranks
+    else:
+        errors["pre_num_ranks"] = max(ctx.pre_num_ranks_by_part)
+        errors["post_num_ranks"] = max(ctx.post_num_ranks_by_part)
+    plain = leaves({n: (local_tokens(t, ranges) if n in GRADS else t) for n, t in x.items()})
     o_plain = call(plain, kw, cu_seqlens=ctx.cu_seqlens)
-    torch.autograd.backward(o_plain, d_o[:, lo:hi])
-    errors["effect_forward"] = rel_rms(o_plain, o_ref[:, lo:hi])
-    errors["effect_backward"] = max(rel_rms(plain[n].grad, ref[n].grad[:, lo:hi]) for n in ("q", "k", "v"))
+    torch.autograd.backward(o_plain, local_tokens(d_o, ranges))
+    errors["effect_forward"] = rel_rms(o_plain, local_tokens(o_ref, ranges))
+    errors["effect_backward"] = max(rel_rms(plain[n].grad, local_tokens(ref[n].grad, ranges)) for n in ("q", "k", "v"))
     errors["bound"] = BOUND[spec["dtype"]]
     return errors
 
@@ -283,6 +329,55 @@ def test_context_layout():
         build_cp_context(cu, rank=4, world_size=4)
 
 
+def test_context_layout_matches_fla():
+    """Our contexts hold what FLA's get_cp_cu_seqlens builds, in both layouts."""
+    context = pytest.importorskip("fla.ops.cp.context", reason="fla-core is not installed")
+    fields = ("pre_num_ranks", "post_num_ranks", "part_len", "front_num_seqs", "pre_num_ranks_by_part",
+              "post_num_ranks_by_part")
+    for cu in ([0, T], [0, 20, 130, T], [0, 48, 96, 96, 144, T], CASES["many_short"]["cu"]):
+        for layout in ("contiguous", "zigzag"):
+            for world in WORLD_SIZES:
+                for rank in range(world):
+                    theirs = context.get_cp_cu_seqlens(torch.tensor(cu), world_size=world, rank=rank, layout=layout)
+                    ours = build_cp_context(torch.tensor(cu), rank=rank, world_size=world, layout=layout)
+                    where = (cu, layout, world, rank)
+                    assert ours.cu_seqlens.tolist() == theirs.cu_seqlens.tolist(), where
+                    assert ours.layout == theirs.layout, where
+                    for name in fields:
+                        if layout == "zigzag" or name in ("pre_num_ranks", "post_num_ranks"):
+                            assert getattr(ours, name) == getattr(theirs, name), (where, name)
+    with pytest.raises(ValueError, match="multiple of 2 world_size"):
+        build_cp_context(torch.tensor([0, 12]), rank=0, world_size=4, layout="zigzag")
+    with pytest.raises(ValueError, match="layout: expected 'contiguous' or 'zigzag'"):
+        build_cp_context(torch.tensor([0, T]), rank=0, world_size=2, layout="diagonal")
+
+
+def _invalid_zigzag(rank, world, cases, device):
+    """What a rank raises for zigzag contexts whose metadata do not fit its tokens or the group."""
+    good = build_cp_context(torch.tensor([0, 30, 101, 150, T]), layout="zigzag")
+    x = torch.randn(1, T // world, 2, 16, dtype=torch.float64)
+    beta = torch.rand(1, T // world, 2, dtype=torch.float64)
+    raised = {}
+    for name, change in (("part_len", dict(part_len=good.part_len + 1)),
+                         ("front_num_seqs", dict(front_num_seqs=good.num_seqs)),
+                         ("pre", dict(pre_num_ranks_by_part=(2 * world, 0))),
+                         ("by_part", dict(post_num_ranks_by_part=None))):
+        try:
+            fkt.chunk_kda(x, x, x, x, beta, cp_context=dataclasses.replace(good, **change))
+            raised[name] = None
+        except ValueError as e:
+            raised[name] = str(e)
+    return raised
+
+
+def test_invalid_zigzag_contexts_raise():
+    for rank, raised in enumerate(run_world(2, "gloo", {}, timeout_s=120, body=_invalid_zigzag)):
+        assert "two parts of part_len" in raised["part_len"], rank
+        assert "two parts of part_len" in raised["front_num_seqs"], rank
+        assert "do not fit slots" in raised["pre"], rank
+        assert "needs pre_num_ranks_by_part and post_num_ranks_by_part" in raised["by_part"], rank
+
+
 def test_fla_rules_raise_value_errors():
     x, kw, _, cu, _ = make_case("ragged")
     ctx = build_cp_context(cu, rank=0, world_size=2)
@@ -295,6 +390,8 @@ def test_fla_rules_raise_value_errors():
         fkt.chunk_kda(*args, cp_context=CPContext(), **kw)
     with pytest.raises(ValueError, match="initialised torch.distributed"):
         fkt.chunk_kda(*args, cp_context=ctx, **kw)
+    with pytest.raises(ValueError, match="layout 'diagonal' is not supported"):
+        fkt.chunk_kda(*args, cp_context=dataclasses.replace(ctx, layout="diagonal"), **kw)
 
 
 def test_invalid_call_raises_on_every_rank_before_the_exchange():
