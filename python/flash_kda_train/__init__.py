@@ -1,8 +1,9 @@
 """flash_kda_train: KDA (Kimi Delta Attention) forward and backward for training.
 
-``chunk_kda`` is a drop-in for FLA's ``chunk_kda``; ``forward``/``backward`` are the explicit pair;
-``reference`` holds the fp64 token-by-token gold oracle. ``flash_kda_train.nn`` has the
-``KimiDeltaAttention`` layer, ``flash_kda_train.paddle`` the PaddlePaddle ``chunk_kda``.
+``chunk_kda`` is a drop-in for FLA's ``chunk_kda`` (``fused_recurrent_kda`` for FLA's function of
+that name); ``forward``/``backward`` are the explicit pair; ``reference`` holds the fp64
+token-by-token gold oracle. ``flash_kda_train.nn`` has the ``KimiDeltaAttention`` layer,
+``flash_kda_train.paddle`` the PaddlePaddle ``chunk_kda``.
 
 The PyTorch parts are imported only when torch is installed, so that the Paddle adapter
 (``import flash_kda_train.paddle``) works without torch.
@@ -21,6 +22,6 @@ except ModuleNotFoundError as missing:  # no torch: the framework-free core and 
 else:
     from . import reference
     from ._core import Config, Grads
-    from .api import Context, backward, chunk_kda, forward
+    from .api import Context, backward, chunk_kda, forward, fused_recurrent_kda
 
-    __all__ += ["chunk_kda", "forward", "backward", "Context", "Config", "Grads", "reference"]
+    __all__ += ["chunk_kda", "fused_recurrent_kda", "forward", "backward", "Context", "Config", "Grads", "reference"]

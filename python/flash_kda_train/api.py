@@ -116,6 +116,27 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     return _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state)
 
 
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None, **kwargs):
+    """Drop-in for FLA's ``fused_recurrent_kda`` (the token-by-token form that FLA's KDA layer calls
+    for short inputs at inference): the same arguments, defaults and ``(o, final_state)``, computed
+    by ``chunk_kda``, which runs the same recurrence in chunks (any length, a single token
+    included), with gradients where FLA's has none. The extra keywords are ``chunk_kda``'s. FLA's
+    per-value-column beta (``[B, T, HV, V]``, one beta per element of v) is refused: the delta rule
+    of ``chunk_kda`` takes one beta per token and value head.
+    """
+    if beta.dim() == v.dim():
+        raise ValueError(f"beta: expected [B, T, HV] (one beta per token and value head), got "
+                         f"{list(beta.shape)}; a beta per value column is not supported")
+    return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                     lower_bound=lower_bound, state_v_first=state_v_first, cu_seqlens=cu_seqlens, A_log=A_log,
+                     dt_bias=dt_bias, **kwargs)
+
+
 def _op(cfg, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state):
     tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     if torch.compiler.is_compiling():  # the custom op, so the graph holds it without a break
