@@ -1,4 +1,4 @@
-"""Context parallelism over torch.distributed: 2 and 4 processes with Gloo on the CPU.
+"""Context parallelism over torch.distributed: 1, 2 and 4 processes with Gloo on the CPU.
 
 Every rank holds a contiguous T / world slice of a packed B = 1 batch (or, in FLA's zigzag layout,
 parts r and 2 world - 1 - r of 2 world parts) and calls
@@ -75,7 +75,7 @@ if importlib.util.find_spec("fla") is not None:  # fla-core, a test dependency (
     # The contexts of FLA's own get_cp_cu_seqlens (a drop-in's callers build them with FLA).
     CASES["fla_context"] = dict(cu=[0, 30, 101, 150, T], fla_context=True)
     CASES["fla_context_zigzag"] = dict(cu=CASES["many_short"]["cu"], layout="zigzag", fla_context=True)
-WORLD_SIZES = (2, 4)
+WORLD_SIZES = (1, 2, 4)
 BOUND = {torch.float64: 1e-10, torch.float32: 1e-5}
 GRADS = ("q", "k", "v", "g", "beta")
 PARAMS = ("A_log", "dt_bias")
