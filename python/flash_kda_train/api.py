@@ -77,10 +77,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     torch.distributed group: the inputs are this rank's slice of the packed batch, the result is
     ``(o, None)`` for that slice (see ``flash_kda_train.cp``).
     """
-    if use_graph and cu_seqlens is not None:
-        raise ValueError("use_graph: not supported with cu_seqlens (FLA's graph mode replays one graph with new "
-                         "offsets; this op sizes its kernels from each call's offsets, so a replay would compute the "
-                         "captured ones): call with use_graph=False, capturing one graph per offsets if needed")
+    if use_graph and (cu_seqlens is not None or cp_context is not None):
+        raise ValueError("use_graph: not supported with cu_seqlens or cp_context (FLA's graph mode replays one graph "
+                         "with new offsets; this op sizes its kernels from each call's offsets, so a replay would "
+                         "compute the captured ones): call with use_graph=False, capturing one graph per offsets if "
+                         "needed")
     segment_size = kwargs.pop("segment_size", None)
     cfg, A_log, dt_bias, cu_seqlens_cpu = _resolve(
         q, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,

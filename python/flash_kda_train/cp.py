@@ -55,7 +55,8 @@ class CPContext:
     ``cu_seqlens`` are the rank-local offsets (global boundaries clipped to the slice, shifted to
     start at 0); ``pre_num_ranks`` is how many earlier ranks the first local sequence continues from
     (0: it starts on this rank), ``post_num_ranks`` how many later ranks the last local sequence
-    continues on (0: it ends on this rank). ``group`` is the process group (None: the default group).
+    continues on (0: it ends on this rank). ``group`` is the process group (None: the default group,
+    where FLA's op takes None as context parallelism switched off).
 
     With ``layout == "zigzag"`` the rank holds two parts of ``part_len`` tokens (chain slots ``rank``
     and ``2 world - 1 - rank``), the first ``front_num_seqs`` local sequences in the first; the two
@@ -268,6 +269,14 @@ class _Layout:
         else:
             self.slots = 2 * self.world
             self.parts = self._zigzag_parts(cp_context, offsets)
+        # A continued sequence must have tokens here (FLA's graph mode pads the offsets with empty ones).
+        for part in self.parts:
+            for sequence, count, what in ((part.first, part.pre, "starts earlier"),
+                                          (part.last, part.post, "ends later")):
+                if count > 0 and offsets[sequence + 1] == offsets[sequence]:
+                    raise ValueError(f"cp_context: local sequence {sequence} {what} but is empty here (local "
+                                     f"cu_seqlens {offsets}); a rank's offsets hold no empty sequence where one "
+                                     f"continues")
 
     def _zigzag_parts(self, cp_context, offsets: List[int]) -> List[_Part]:
         part_len = _count(getattr(cp_context, "part_len", None), "part_len")
@@ -291,6 +300,10 @@ class _Layout:
             if part.pre < 0 or part.post < 0 or part.pre > part.slot or part.slot + part.post >= self.slots:
                 raise ValueError(f"cp_context: pre_num_ranks_by_part = {tuple(pre)} and post_num_ranks_by_part = "
                                  f"{tuple(post)} do not fit slots {slots} of {self.slots}")
+        if slots[1] == slots[0] + 1 and (parts[0].post > 0) != (parts[1].pre > 0):  # the middle: one rank, both sides
+            raise ValueError(f"cp_context: slots {slots} are adjacent, so the first part's last sequence continues "
+                             f"into the second exactly when the second's first comes from the first; got "
+                             f"post_num_ranks_by_part = {tuple(post)} and pre_num_ranks_by_part = {tuple(pre)}")
         return parts
 
     def all_gather(self, summaries: torch.Tensor) -> torch.Tensor:

@@ -70,11 +70,17 @@ CASES = {
     "zigzag_gva_vfirst_chunk64": dict(cu=[0, 70, T], H=1, HV=4, state_v_first=True, K=8, V=12, chunk_size=64,
                                       layout="zigzag"),
     "zigzag_fp32": dict(cu=[0, 30, 101, 150, T], dtype=torch.float32, layout="zigzag"),
+    # Boundaries on part boundaries (parts of 24 tokens with 4 ranks, 48 with 2, 96 with 1), an empty
+    # sequence there, and one ending at the middle (T / 2), where rank world - 1's two parts meet.
+    "zigzag_aligned": dict(cu=[0, 48, 96, 96, 144, T], layout="zigzag"),
+    # One-token sequences at both ends, one sequence over every other token.
+    "zigzag_spanning": dict(cu=[0, 1, T - 1, T], layout="zigzag"),
 }
 if importlib.util.find_spec("fla") is not None:  # fla-core, a test dependency (pyproject.toml)
     # The contexts of FLA's own get_cp_cu_seqlens (a drop-in's callers build them with FLA).
     CASES["fla_context"] = dict(cu=[0, 30, 101, 150, T], fla_context=True)
     CASES["fla_context_zigzag"] = dict(cu=CASES["many_short"]["cu"], layout="zigzag", fla_context=True)
+    CASES["fla_context_zigzag_spanning"] = dict(cu=[0, 1, T - 1, T], layout="zigzag", fla_context=True)
 WORLD_SIZES = (1, 2, 4)
 BOUND = {torch.float64: 1e-10, torch.float32: 1e-5}
 GRADS = ("q", "k", "v", "g", "beta")
@@ -352,30 +358,43 @@ def test_context_layout_matches_fla():
         build_cp_context(torch.tensor([0, T]), rank=0, world_size=2, layout="diagonal")
 
 
-def _invalid_zigzag(rank, world, cases, device):
-    """What a rank raises for zigzag contexts whose metadata do not fit its tokens or the group."""
-    good = build_cp_context(torch.tensor([0, 30, 101, 150, T]), layout="zigzag")
+def _invalid_contexts(rank, world, cases, device):
+    """What a rank raises for contexts whose metadata do not fit its tokens or the group (world 2)."""
+    zigzag = build_cp_context(torch.tensor([0, 30, 101, 150, T]), layout="zigzag")
+    contiguous = build_cp_context(torch.tensor([0, 100, T]))  # rank 0 continues on 1, 1 from 0
+    # The offsets of FLA's graph mode: padded with empty sequences (here at both ends).
+    padded = torch.tensor([0, 0] + contiguous.cu_seqlens.tolist()[1:] + [T // world])
     x = torch.randn(1, T // world, 2, 16, dtype=torch.float64)
     beta = torch.rand(1, T // world, 2, dtype=torch.float64)
     raised = {}
-    for name, change in (("part_len", dict(part_len=good.part_len + 1)),
-                         ("front_num_seqs", dict(front_num_seqs=good.num_seqs)),
-                         ("pre", dict(pre_num_ranks_by_part=(2 * world, 0))),
-                         ("by_part", dict(post_num_ranks_by_part=None))):
+    for name, ctx in (("part_len", dataclasses.replace(zigzag, part_len=zigzag.part_len + 1)),
+                      ("front_num_seqs", dataclasses.replace(zigzag, front_num_seqs=zigzag.num_seqs)),
+                      ("pre", dataclasses.replace(zigzag, pre_num_ranks_by_part=(2 * world, 0))),
+                      ("by_part", dataclasses.replace(zigzag, post_num_ranks_by_part=None)),
+                      ("padded", dataclasses.replace(contiguous, cu_seqlens=padded, cu_seqlens_cpu=padded)),
+                      # Only rank 1 sees this one (slots 1 and 2 adjacent); rank 0 would wait in the exchange.
+                      ("middle", dataclasses.replace(zigzag, pre_num_ranks_by_part=(zigzag.pre_num_ranks_by_part[0],
+                                                                                   0)) if rank == 1 else None)):
+        if ctx is None:
+            continue
         try:
-            fkt.chunk_kda(x, x, x, x, beta, cp_context=dataclasses.replace(good, **change))
+            fkt.chunk_kda(x, x, x, x, beta, cp_context=ctx)
             raised[name] = None
         except ValueError as e:
             raised[name] = str(e)
-    return raised
+    return dict(raised=raised, middle_post=zigzag.post_num_ranks_by_part[0])
 
 
-def test_invalid_zigzag_contexts_raise():
-    for rank, raised in enumerate(run_world(2, "gloo", {}, timeout_s=120, body=_invalid_zigzag)):
+def test_invalid_contexts_raise():
+    for rank, result in enumerate(run_world(2, "gloo", {}, timeout_s=120, body=_invalid_contexts)):
+        raised = result["raised"]
         assert "two parts of part_len" in raised["part_len"], rank
         assert "two parts of part_len" in raised["front_num_seqs"], rank
         assert "do not fit slots" in raised["pre"], rank
         assert "needs pre_num_ranks_by_part and post_num_ranks_by_part" in raised["by_part"], rank
+        assert "is empty here" in raised["padded"], rank
+        if rank == 1:  # slots 1 and 2: its first part's last sequence continues into its second
+            assert result["middle_post"] > 0 and "are adjacent" in raised["middle"], rank
 
 
 def test_fla_rules_raise_value_errors():
@@ -392,6 +411,8 @@ def test_fla_rules_raise_value_errors():
         fkt.chunk_kda(*args, cp_context=ctx, **kw)
     with pytest.raises(ValueError, match="layout 'diagonal' is not supported"):
         fkt.chunk_kda(*args, cp_context=dataclasses.replace(ctx, layout="diagonal"), **kw)
+    with pytest.raises(ValueError, match="use_graph: not supported with cu_seqlens or cp_context"):
+        fkt.chunk_kda(*args, cp_context=ctx, use_graph=True, **kw)
 
 
 def test_invalid_call_raises_on_every_rank_before_the_exchange():
