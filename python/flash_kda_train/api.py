@@ -73,9 +73,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     with B > 1 the segments of the inputs are copied (the op reads contiguous tensors), and with
     ``disable_recompute`` each segment keeps its workspace for the backward, as one call would.
 
-    ``cp_context`` (from ``flash_kda_train.cp.build_cp_context``) runs context-parallel over a
-    torch.distributed group: the inputs are this rank's slice of the packed batch, the result is
-    ``(o, None)`` for that slice (see ``flash_kda_train.cp``).
+    ``cp_context`` (from ``flash_kda_train.cp.build_cp_context`` or FLA's, either layout) runs
+    context-parallel over a torch.distributed group: the inputs are this rank's tokens of the packed
+    batch (one slice, or two parts with ``layout="zigzag"``), the result is ``(o, None)`` for them
+    (see ``flash_kda_train.cp``).
     """
     if use_graph and (cu_seqlens is not None or cp_context is not None):
         raise ValueError("use_graph: not supported with cu_seqlens or cp_context (FLA's graph mode replays one graph "
