@@ -85,7 +85,11 @@ class ShortConvolution(nn.Conv1d):
 class RMSNormGated(nn.Module):
     """RMSNorm of ``x`` over the last dim, times ``weight``, times ``sigmoid(g)`` (activation
     "sigmoid") or ``silu(g)`` ("swish"/"silu"): FLA's ``FusedRMSNormGated`` in plain torch
-    (float32 math for half inputs, result in ``x``'s dtype). Parameter: ``weight [hidden_size]``."""
+    (float32 math for half inputs, result in ``x``'s dtype). Parameter: ``weight [hidden_size]``.
+
+    As FLA's: a ``residual`` is added to ``x`` in that math before the norm, and ``prenorm=True``
+    returns ``(y, x + residual)`` as well, in the residual's dtype (without a residual, ``x`` itself,
+    or float32 with ``residual_in_fp32``)."""
 
     def __init__(self, hidden_size: int, elementwise_affine: bool = True, eps: float = 1e-5,
                  activation: str = "swish", device=None, dtype=None):
@@ -102,16 +106,21 @@ class RMSNormGated(nn.Module):
             self.register_parameter("weight", None)
         self.register_parameter("bias", None)
 
-    def forward(self, x: torch.Tensor, g: torch.Tensor, residual: Optional[torch.Tensor] = None, **kwargs):
-        if residual is not None:
-            x = x + residual
+    def forward(self, x: torch.Tensor, g: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                prenorm: bool = False, residual_in_fp32: bool = False):
         dtype = _compute_dtype(x)
         xf, gf = x.to(dtype), g.to(dtype)
+        if residual is not None:
+            xf = xf + residual.to(dtype)
         y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
         if self.weight is not None:
             y = y * self.weight.to(dtype)
-        y = y * (torch.sigmoid(gf) if self.activation == "sigmoid" else F.silu(gf))
-        return y.to(x.dtype)
+        y = (y * (torch.sigmoid(gf) if self.activation == "sigmoid" else F.silu(gf))).to(x.dtype)
+        if not prenorm:
+            return y
+        if residual is not None:
+            return y, xf.to(residual.dtype)
+        return y, xf.to(torch.float32) if residual_in_fp32 else x
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}, activation={self.activation}"
@@ -199,11 +208,12 @@ class KimiDeltaAttention(nn.Module):
         self.A_log._no_weight_decay = True
         self.dt_bias = nn.Parameter(torch.empty(self.gate_dim, dtype=torch.float32))
         self.dt_bias._no_weight_decay = True
+        # Drawn here, between b_proj and g_proj, as FLA draws them: the same seed gives FLA's weights.
+        self.reset_gate_parameters()
         self.g_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
                                     nn.Linear(self.head_v_dim, self.value_dim, bias=True))
         self.o_norm = RMSNormGated(self.head_v_dim, activation="sigmoid", eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
-        self.reset_gate_parameters()
 
     @torch.no_grad()
     def reset_gate_parameters(self):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from flash_kda_train import reference
-from flash_kda_train.nn import KimiDeltaAttention
+from flash_kda_train.nn import FusedRMSNormGated, KimiDeltaAttention
 
 CONFIGS = {
     "gva-expandv-convbias": dict(hidden_size=48, head_dim=8, num_heads=2, num_v_heads=4, expand_v=2, conv_bias=True),
@@ -89,11 +89,32 @@ def test_state_dict_from_fla_itself():
     except ImportError as e:
         pytest.skip(f"FLA not importable here: {e}")
     for config in CONFIGS.values():
+        torch.manual_seed(0)
         theirs = FLAKimiDeltaAttention(**config)
+        torch.manual_seed(0)
         ours = KimiDeltaAttention(**config)
+        # The same seed gives the same weights: the random draws come in FLA's order.
+        assert all(torch.equal(t, ours.state_dict()[n]) for n, t in theirs.state_dict().items())
         ours.load_state_dict(theirs.state_dict(), strict=True)
         theirs.load_state_dict(ours.state_dict(), strict=True)
         assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+def test_random_draws_come_in_fla_order():
+    """FLA draws A_log (unless safe_gate zeroes it) and dt_bias after b_proj and before g_proj
+    (fla/layers/kda.py), so with one seed the parameters before them do not depend on safe_gate and
+    those after do: A_log's draws shift them."""
+    config = dict(hidden_size=32, head_dim=16, num_heads=2)
+    torch.manual_seed(3)
+    drawn = KimiDeltaAttention(**config).state_dict()
+    torch.manual_seed(3)
+    zero = KimiDeltaAttention(**config, safe_gate=True, lower_bound=-5.0).state_dict()
+    before = ("q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d", "f_proj", "b_proj")
+    for name, t in drawn.items():
+        if name.startswith(before):
+            assert torch.equal(t, zero[name]), name
+        elif name.startswith(("g_proj", "o_proj")):
+            assert not torch.equal(t, zero[name]), name
 
 
 def test_gate_initialisation_follows_fla():
@@ -270,3 +291,21 @@ def test_rejects_decoding_cache():
     layer = KimiDeltaAttention(**CONFIGS["plain"])
     with pytest.raises(NotImplementedError, match="past_key_values"):
         layer(torch.randn(1, 8, 32), past_key_values=object())
+
+
+def test_gated_norm_residual_and_prenorm_follow_fla():
+    """FusedRMSNormGated's residual is added in float32 before the norm; prenorm=True returns the sum
+    as well, in the residual's dtype (FLA's fla/modules/norm/fused_norm_gate.py)."""
+    torch.manual_seed(4)
+    norm = FusedRMSNormGated(8, activation="sigmoid")
+    x, g, r = (torch.randn(2, 3, 8).to(torch.bfloat16) for _ in range(3))
+    y = norm(x, g, residual=r)
+    s = x.float() + r.float()
+    expected = s * torch.rsqrt(s.square().mean(-1, keepdim=True) + norm.eps) * torch.sigmoid(g.float())
+    assert y.dtype == torch.bfloat16 and torch.equal(y, expected.to(torch.bfloat16))
+    y2, summed = norm(x, g, residual=r, prenorm=True)
+    assert torch.equal(y2, y) and summed.dtype == torch.bfloat16 and torch.equal(summed, s.to(torch.bfloat16))
+    y3, passed = norm(x, g, prenorm=True)
+    assert passed is x and torch.equal(y3, norm(x, g))
+    assert norm(x, g, prenorm=True, residual_in_fp32=True)[1].dtype == torch.float32
+
