@@ -255,7 +255,7 @@ class _Layout:
             raise ValueError("cp_context: context parallelism needs an initialised torch.distributed process group")
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        num_seqs = len(offsets) - 1
+        self.num_seqs = num_seqs = len(offsets) - 1
         if num_seqs < 1:
             raise ValueError("cp_context: the rank-local cu_seqlens must hold at least one sequence")
         if layout == "contiguous":
@@ -286,7 +286,7 @@ class _Layout:
         if not all(isinstance(counts, (tuple, list)) and len(counts) == 2 for counts in (pre, post)):
             raise ValueError(f"cp_context: a zigzag layout needs pre_num_ranks_by_part and post_num_ranks_by_part "
                              f"(two counts each), got {pre!r} and {post!r}")
-        num_seqs = len(offsets) - 1
+        num_seqs = self.num_seqs
         if part_len < 1 or offsets[-1] != 2 * part_len or not 1 <= front < num_seqs or offsets[front] != part_len:
             raise ValueError(f"cp_context: a zigzag layout holds two parts of part_len = {part_len} tokens, the first "
                              f"front_num_seqs = {front} local sequences in the first; the local cu_seqlens "
@@ -305,6 +305,10 @@ class _Layout:
                              f"into the second exactly when the second's first comes from the first; got "
                              f"post_num_ranks_by_part = {tuple(post)} and pre_num_ranks_by_part = {tuple(pre)}")
         return parts
+
+    def firsts(self) -> List[int]:
+        """The local index of each part's first sequence."""
+        return [part.first for part in self.parts]
 
     def all_gather(self, summaries: torch.Tensor) -> torch.Tensor:
         """[slots, HV, K, V + K]: every slot's summary in chain order, from this rank's [parts, HV, K, V + K]
@@ -332,7 +336,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         gathered = layout.all_gather(summaries)
         h0 = None
         if any(part.pre > 0 for part in layout.parts):
-            shape = _core.state_shape(cfg, inputs, layout.parts[-1].last + 1)
+            shape = _core.state_shape(cfg, inputs, layout.num_seqs)
             h0 = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
             for part in layout.parts:
                 if part.pre > 0:
@@ -340,7 +344,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         result = _core.forward(cfg, inputs._replace(initial_state=h0), False)
         # Only the parts' first sequences' entering states are kept; backward expands them again.
         # `saved`: what the forward kept for its backward (T and P on CUDA), which does not depend on h0.
-        entering = h0[[part.first for part in layout.parts]] if h0 is not None else None
+        entering = h0[layout.firsts()] if h0 is not None else None
         ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, entering, result.saved)
         o = result.o
         ctx.cfg, ctx.layout, ctx.cu = cfg, layout, (cu_seqlens, cu_seqlens_cpu)
@@ -359,7 +363,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         summaries = torch.stack([_backward_summary(call, sizes, d_o, part.first) if part.pre > 0
                                  else _empty_summary(inputs) for part in layout.parts])
         gathered = layout.all_gather(summaries)
-        shape = _core.state_shape(cfg, inputs, layout.parts[-1].last + 1)
+        shape = _core.state_shape(cfg, inputs, layout.num_seqs)
         d_final_state = None
         if any(part.post > 0 for part in layout.parts):
             d_final_state = torch.zeros(shape, dtype=_core.state_dtype(q), device=q.device)
@@ -369,7 +373,7 @@ class _ChunkKDAContextParallel(torch.autograd.Function):
         h0 = None
         if entering is not None:
             h0 = torch.zeros(shape, dtype=entering.dtype, device=entering.device)
-            h0[[part.first for part in layout.parts]] = entering
+            h0[layout.firsts()] = entering
         grads = _core.backward(cfg, inputs._replace(initial_state=h0), d_o, d_final_state, saved)
         return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dA_log, grads.ddt_bias,
                 None, None, None, None)
