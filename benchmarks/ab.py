@@ -1,8 +1,8 @@
 """A/B of two builds of the library on one machine, in one command: the benchmark of our op
 (`flash_kda_train.bench --impls ours --accuracy off`) for library A, then B, each in a process of its
 own (FLASH_KDA_TRAIN_LIBRARY), for --rounds rounds, the first with the per-kernel profile; then a
-markdown table of each round's timed medians and of every kernel's GPU time in the profiled round,
-A against B. A machine's timings drift from process to process, so the rounds alternate A and B
+markdown table of each round's timed medians, the peak extra memory and every kernel's GPU time in
+the profiled round, A against B. A machine's timings drift from process to process, so the rounds alternate A and B
 and the table keeps every round's numbers rather than one median. With --bits, scripts/bitdump.py
 first dumps every output and gradient of its fixed calls with each library and compares them bit
 for bit (CUDA only): a change meant to keep the bits is checked in the same command.
@@ -72,6 +72,11 @@ def _ms(values: Sequence[Optional[float]]) -> str:
     return ", ".join("–" if v is None else f"{v:.3f}" for v in values)
 
 
+def _peaks(ours: dict) -> str:
+    """The first round's peak extra memory, forward / forward+backward (the same in every round)."""
+    return " / ".join("–" if ours.get(f) is None else f"{ours[f]:.2f}" for f in ("peak_extra_gb_fwd", "peak_extra_gb_fwd_bwd"))
+
+
 def _kernels(ours: dict, phase: str) -> Dict[str, Tuple[int, float]]:
     profile = (ours.get("profiles") or {}).get(phase) or {}
     return {k["name"]: (k["calls"], k["ms"]) for k in profile.get("kernels", [])}
@@ -84,10 +89,12 @@ def report(runs: Dict[str, List[dict]], libraries: Dict[str, str], bits_output: 
         lines += ["Bits (`scripts/bitdump.py cmp`):", ""] + [f"    {line}" for line in bits_output.splitlines()] + [""]
     a_rows = [_rows(d) for d in runs["a"]]
     b_rows = [_rows(d) for d in runs["b"]]
-    lines += ["| shape | config | fwd ms A | fwd ms B | fwd+bwd ms A | fwd+bwd ms B |", "|---|---|---|---|---|---|"]
+    lines += ["| shape | config | fwd ms A | fwd ms B | fwd+bwd ms A | fwd+bwd ms B | peak GB A | peak GB B |",
+              "|---|---|---|---|---|---|---|---|"]
     for key in a_rows[0]:
         cells = [_ms([row.get(key, {}).get(field) for row in rows])
                  for field in ("fwd_ms", "fwd_bwd_ms") for rows in (a_rows, b_rows)]
+        cells += [_peaks(rows[0].get(key, {})) for rows in (a_rows, b_rows)]
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     for key, a in a_rows[0].items():
         b = b_rows[0].get(key, {})

@@ -20,10 +20,13 @@ def test_ab_tables_every_round_and_kernel(tmp_path, capsys):
     assert text == capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.startswith("| B1_T64_H2 | default |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    # fwd A, fwd B, fwd+bwd A, fwd+bwd B: one median per round, each a positive time.
-    for cell in cells[2:]:
+    # fwd A, fwd B, fwd+bwd A, fwd+bwd B: one median per round, each a positive time; then the peaks
+    # of A and B, forward / forward+backward, which the CPU backend does not measure.
+    assert len(cells) == 8, row
+    for cell in cells[2:6]:
         times = [float(x) for x in cell.split(", ")]
         assert len(times) == 2 and min(times) > 0, cell
+    assert cells[6:] == ["– / –", "– / –"], cells
     assert any(line.startswith("### B1_T64_H2 / default / forward+backward: ") for line in text.splitlines())
     kernel_rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert kernel_rows and all(line.count("|") == 6 for line in kernel_rows)
@@ -45,3 +48,8 @@ def test_ab_fails_when_a_run_fails(tmp_path, capsys):
                  + CPU_TINY)
     assert rc == 1
     assert "benchmark round 1 with a" in capsys.readouterr().err
+
+
+def test_ab_peaks_forward_then_step():
+    assert ab._peaks({"peak_extra_gb_fwd": 1.5351, "peak_extra_gb_fwd_bwd": 2.7305}) == "1.54 / 2.73"
+    assert ab._peaks({"peak_extra_gb_fwd": 0.27, "peak_extra_gb_fwd_bwd": None}) == "0.27 / –"
