@@ -2,10 +2,11 @@
 (`flash_kda_train.bench --impls ours --accuracy off`) for library A, then B, each in a process of its
 own (FLASH_KDA_TRAIN_LIBRARY), for --rounds rounds, the first with the per-kernel profile; then a
 markdown table of each round's timed medians, the peak extra memory and every kernel's GPU time in
-the profiled round, A against B. A machine's timings drift from process to process, so the rounds alternate A and B
-and the table keeps every round's numbers rather than one median. With --bits, scripts/bitdump.py
-first dumps every output and gradient of its fixed calls with each library and compares them bit
-for bit (CUDA only): a change meant to keep the bits is checked in the same command.
+the profiled round, A against B. A machine's timings drift from process to process, so the rounds
+alternate A and B and the table keeps every round's numbers rather than one median. With --bits,
+scripts/bitdump.py first dumps every output and gradient of its fixed calls with each library and
+compares them bit for bit (CUDA only): a change meant to keep the bits is checked in the same
+command.
 
     python benchmarks/ab.py --a build-base/libflash_kda_train.so --b build-cuda/libflash_kda_train.so \\
         --shapes B1_T8192_H96,B2_T16384_H16 --out /tmp/ab [--rounds 2] [--bits] [-- bench arguments]
@@ -74,7 +75,8 @@ def _ms(values: Sequence[Optional[float]]) -> str:
 
 def _peaks(ours: dict) -> str:
     """The first round's peak extra memory, forward / forward+backward (the same in every round)."""
-    return " / ".join("–" if ours.get(f) is None else f"{ours[f]:.2f}" for f in ("peak_extra_gb_fwd", "peak_extra_gb_fwd_bwd"))
+    fields = ("peak_extra_gb_fwd", "peak_extra_gb_fwd_bwd")
+    return " / ".join("–" if ours.get(f) is None else f"{ours[f]:.2f}" for f in fields)
 
 
 def _kernels(ours: dict, phase: str) -> Dict[str, Tuple[int, float]]:
