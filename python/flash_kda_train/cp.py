@@ -263,7 +263,7 @@ class _Layout:
             post = _count(getattr(cp_context, "post_num_ranks", 0), "post_num_ranks")
             self.slots = self.world
             self.parts = [_Part(self.rank, 0, num_seqs - 1, pre, post)]
-            if pre < 0 or post < 0 or pre > self.rank or self.rank + post >= self.world:
+            if not self._fit(self.parts):
                 raise ValueError(f"cp_context: pre_num_ranks = {pre} and post_num_ranks = {post} do not fit "
                                  f"rank {self.rank} of a group of {self.world}")
         else:
@@ -296,15 +296,18 @@ class _Layout:
                        _count(post[0], "post_num_ranks_by_part")),
                  _Part(slots[1], front, num_seqs - 1, _count(pre[1], "pre_num_ranks_by_part"),
                        _count(post[1], "post_num_ranks_by_part"))]
-        for part in parts:
-            if part.pre < 0 or part.post < 0 or part.pre > part.slot or part.slot + part.post >= self.slots:
-                raise ValueError(f"cp_context: pre_num_ranks_by_part = {tuple(pre)} and post_num_ranks_by_part = "
-                                 f"{tuple(post)} do not fit slots {slots} of {self.slots}")
+        if not self._fit(parts):
+            raise ValueError(f"cp_context: pre_num_ranks_by_part = {tuple(pre)} and post_num_ranks_by_part = "
+                             f"{tuple(post)} do not fit slots {slots} of {self.slots}")
         if slots[1] == slots[0] + 1 and (parts[0].post > 0) != (parts[1].pre > 0):  # the middle: one rank, both sides
             raise ValueError(f"cp_context: slots {slots} are adjacent, so the first part's last sequence continues "
                              f"into the second exactly when the second's first comes from the first; got "
                              f"post_num_ranks_by_part = {tuple(post)} and pre_num_ranks_by_part = {tuple(pre)}")
         return parts
+
+    def _fit(self, parts: List[_Part]) -> bool:
+        """Whether every part's sequences continue from and on slots of the chain."""
+        return all(0 <= part.pre <= part.slot and 0 <= part.post < self.slots - part.slot for part in parts)
 
     def firsts(self) -> List[int]:
         """The local index of each part's first sequence."""
