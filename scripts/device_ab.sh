@@ -41,7 +41,8 @@ for variant in "$@"; do
   [[ "${CHECK:-0}" == 1 ]] || continue
   echo "== tests and memcheck with $name" >> "$log"
   FLASH_KDA_TRAIN_LIBRARY="$lib" "$FKT_PY" -m pytest -q -x tests/python/test_cuda_backward.py \
-    tests/python/test_cuda_forward.py tests/python/test_chunk_kda_vs_gold.py > "/tmp/pytest-$name.log" 2>&1
+    tests/python/test_cuda_forward.py tests/python/test_cuda_forward_pieces.py tests/python/test_chunk_kda_vs_gold.py \
+    > "/tmp/pytest-$name.log" 2>&1
   status=$?
   tail -3 "/tmp/pytest-$name.log" >> "$log"
   echo "pytest exit $status at $((SECONDS - start)) s" >> "$log"
