@@ -69,14 +69,18 @@ def _rows(data: dict) -> Dict[Tuple[str, str], dict]:
     return {(r["shape"], r["config"]): r["ours"] for r in data["results"]}
 
 
+def _joined(values: Sequence[Optional[float]], digits: int, sep: str) -> str:
+    """The values with `digits` decimals, a dash for a missing one, joined by sep."""
+    return sep.join("–" if v is None else f"{v:.{digits}f}" for v in values)
+
+
 def _ms(values: Sequence[Optional[float]]) -> str:
-    return ", ".join("–" if v is None else f"{v:.3f}" for v in values)
+    return _joined(values, 3, ", ")
 
 
 def _peaks(ours: dict) -> str:
     """The first round's peak extra memory, forward / forward+backward (the same in every round)."""
-    fields = ("peak_extra_gb_fwd", "peak_extra_gb_fwd_bwd")
-    return " / ".join("–" if ours.get(f) is None else f"{ours[f]:.2f}" for f in fields)
+    return _joined([ours.get("peak_extra_gb_fwd"), ours.get("peak_extra_gb_fwd_bwd")], 2, " / ")
 
 
 def _kernels(ours: dict, phase: str) -> Dict[str, Tuple[int, float]]:
