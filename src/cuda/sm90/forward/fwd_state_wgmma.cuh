@@ -216,7 +216,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       for (int ks = 0; ks < K / 16; ++ks) wgmma_bf16_rs<1, 0>(o, a[ks].hi, Swizzled128::plus(qu, k_step(ks)));
       wgmma_commit();
     }
-    wgmma_wait<kOutput ? 1 : 0>();
+    wgmma_wait();  // o's product too: the barrier below frees Q_up's tile for the next chunk's copy
     pin_accumulator(d);
     if (l < C) transform_acc(d, [&](int, int col, float x) { return col < l ? x : 0.f; });
     SplitFragment da[C / 16];
@@ -238,8 +238,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       fence_proxy_async_shared();
       __syncthreads();
     }
-    if constexpr (kOutput) {  // o^T = s S^T Q_up^T, waited for only now
-      wgmma_wait();
+    if constexpr (kOutput) {  // o^T = s S^T Q_up^T
       pin_accumulator(o);
       transform_acc(o, [&](int, int, float x) { return p.scale * x; });
     }
