@@ -191,7 +191,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     }
     mbarrier_wait(values_ready, parity);
     decay[threadIdx.x] = expf(g_last[threadIdx.x]);
-    // delta^T = U^T - S^T W^T, then o^T = S^T Q_up^T on S's hi part; delta waits for its own group.
+    // delta^T = U^T - S^T W^T, then o^T = S^T Q_up^T on S's hi part, both waited for before the barrier.
     float d[C / 8][4];
     load_u(d);
     SplitFragment a[K / 16];
