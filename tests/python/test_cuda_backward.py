@@ -60,8 +60,11 @@ def run(case, device, dtype=torch.float32, seed=0):
     no_A_log = case.pop("no_A_log", False)
     misaligned_do = case.pop("misaligned_do", False)
     misaligned_g = case.pop("misaligned_g", False)
+    misaligned_v = case.pop("misaligned_v", False)
+    v_dtype = case.pop("v_dtype", dtype)
     torch.manual_seed(seed)
     x = make_inputs(dtype=dtype, requires_grad=False, **case)
+    x["v"] = x["v"].to(v_dtype)
     if no_A_log:
         x["A_log"] = None
     do = torch.randn(x["v"].shape).to(dtype)
@@ -69,6 +72,8 @@ def run(case, device, dtype=torch.float32, seed=0):
               for n, t in x.items()}
     if misaligned_g:
         leaves["g"] = one_element_past_aligned(x["g"], device).requires_grad_()
+    if misaligned_v:
+        leaves["v"] = one_element_past_aligned(x["v"], device).requires_grad_()
     o, ht = fkt.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                           initial_state=leaves["initial_state"], A_log=leaves["A_log"], dt_bias=leaves["dt_bias"],
                           cu_seqlens=leaves.get("cu_seqlens"), **opts)
@@ -145,6 +150,40 @@ def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
         for name in names:
             error = rel_rms(cuda[name], getattr(gold, name))
             assert error < limit, (name, error)
+
+
+def assert_bf16_call_within_gold(case):
+    """o, the final state and every gradient of a bfloat16 call within the bf16 bounds of the gold."""
+    cuda, x, opts, gin = run(case, "cuda", torch.bfloat16)
+    assert cuda["dv"].dtype == x["v"].dtype
+    gold_o, gold_ht, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"],
+                                               dht=gin["dht"], initial_state=x["initial_state"], A_log=x["A_log"],
+                                               dt_bias=x["dt_bias"], cu_seqlens=x.get("cu_seqlens"),
+                                               **{k: v for k, v in opts.items() if k != "output_final_state"})
+    assert rel_rms(cuda["o"], gold_o) < 4e-3
+    assert rel_rms(cuda["final_state"], gold_ht) < 1e-3
+    for names, limit in ((("dq", "dk", "dv", "dg", "dbeta"), 4e-3), (("dh0", "dA_log", "ddt_bias"), 1e-3)):
+        for name in names:
+            error = rel_rms(cuda[name], getattr(gold, name))
+            assert error < limit, (name, error)
+
+
+@pytest.mark.parametrize("v_case", [dict(v_dtype=torch.float32), dict(misaligned_v=True)],
+                         ids=["fp32-v", "misaligned-v"])
+def test_bf16_inputs_off_the_common_kernels_match_gold(v_case):
+    """bfloat16 q, k, g and beta at K = V = 128 with a float32 v, or a bfloat16 v that does not start
+    16-byte aligned, run the kernels of run-time dims, where the common shape's copy v's bf16 rows by
+    TMA (sm90/dims.hpp, at_common_shape)."""
+    assert_bf16_call_within_gold(dict(B=1, T=300, H=2, HV=4, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 300],
+                                      gate_in_kernel=True, lower_bound=-5.0, safe_gate=True) | v_case)
+
+
+def test_bf16_call_whose_state_pass_fills_the_gpu_matches_gold():
+    """bfloat16 at K = V = 128 with 160 blocks of F4 (batch x value heads x two V-tiles), more than a
+    Hopper GPU's SMs: F4 forms the new values from T (forward/workspace.hpp, values_from_t), with
+    partial chunks at the sequences' ends."""
+    assert_bf16_call_within_gold(dict(B=2, T=150, H=4, HV=40, K=128, V=128, gate_in_kernel=True, lower_bound=-5.0,
+                                      safe_gate=True))
 
 
 # A varlen batch's sequences do not reach each other: the wgmma state passes (bf16, K = V = 128)
@@ -620,10 +659,11 @@ def test_forward_without_gradients_saves_nothing(monkeypatch):
 
 
 def test_training_forward_forms_p_in_saved(monkeypatch):
-    """A forward given `saved` forms P there: its workspace (fkt_sizes.saving_forward_workspace_bytes)
-    is smaller by P's bf16 rows, rounded up to the carver's 64 bytes, the workspace it is given has
-    that size, and o and the final state keep the bits of a forward without `saved`. A forward
-    without `saved` refuses a workspace of that size."""
+    """A forward given `saved` forms P and T there: its workspace
+    (fkt_sizes.saving_forward_workspace_bytes) is smaller by P's bf16 rows and T's fp32 rows (which
+    the forward without `saved` keeps for F4, forward/workspace.hpp), each rounded up to the
+    carver's 64 bytes, the workspace it is given has that size, and o and the final state keep the
+    bits of a forward without `saved`. A forward without `saved` refuses a workspace of that size."""
     import ctypes
 
     from flash_kda_train import _abi, _core, _lib
@@ -647,8 +687,8 @@ def test_training_forward_forms_p_in_saved(monkeypatch):
     (o, ht), (o_saving, ht_saving) = run(False), run(True)
     assert torch.equal(o, o_saving) and torch.equal(ht, ht_saving)
     plan = sizes[-1]
-    p_bytes = -(-B * T * HV * 64 * 2 // 64) * 64
-    assert plan.forward_workspace_bytes - plan.saving_forward_workspace_bytes == p_bytes
+    p_bytes, t_bytes = (-(-B * T * HV * 64 * size // 64) * 64 for size in (2, 4))
+    assert plan.forward_workspace_bytes - plan.saving_forward_workspace_bytes == p_bytes + t_bytes
     assert buffers[0] == plan.forward_workspace_bytes  # the inference forward: no `saved`
     assert sorted(buffers[1:]) == sorted([plan.saved_bytes, plan.saving_forward_workspace_bytes])
 

@@ -1,6 +1,7 @@
 // The gate and beta activations on the device (kda-math.md sections 2.2 and 2.3).
 #pragma once
 
+#include "core/problem.hpp"
 #include "cuda/common/fast_exp.cuh"
 
 namespace fkt::cuda {
@@ -9,6 +10,14 @@ namespace fkt::cuda {
 // so the two differ only by the last bits of the libraries.
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+// beta as the recurrence takes it (kda-math.md 2.3): as given, or sigmoid (times 2 with
+// allow_neg_eigval) of the logits; F2 and F4 form it alike.
+__device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
+  if (mode == BetaMode::kPlain) return b;
+  const float s = sigmoid(b);
+  return mode == BetaMode::kSigmoid ? s : 2.f * s;
+}
 
 // The same on the SFU (ex2, lg2 and rcp approx.: relative errors about 2^-22, PTX ISA) and without
 // branches, for the gate, which F2 evaluates for every element of a latency-bound kernel (with the

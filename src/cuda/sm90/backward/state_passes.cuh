@@ -21,11 +21,11 @@ struct StatePassesParams {
 // The larger of the two passes' shared memory: the least that each block needs (the launch asks
 // for all that a block may have, so that each block has an SM to itself).
 inline constexpr int kStatePassesBytes =
-    std::max(FwdStateWgmmaLayout<false>::launch_bytes, BwdStateWgmmaLayout::launch_bytes);
+    std::max(FwdStateWgmmaLayout<__half>::launch_bytes, BwdStateWgmmaLayout::launch_bytes);
 
 __global__ void __launch_bounds__(BwdStateWgmmaLayout::kThreads, 2)
     state_passes_kernel(const __grid_constant__ StatePassesParams params) {
-  static_assert(FwdStateWgmmaLayout<false>::kThreads == BwdStateWgmmaLayout::kThreads, "one block size");
+  static_assert(FwdStateWgmmaLayout<__half>::kThreads == BwdStateWgmmaLayout::kThreads, "one block size");
   if (blockIdx.z == 0) fwd_state_wgmma<__half>(params.forward, 0);
   else bwd_state_wgmma(params.backward);
 }

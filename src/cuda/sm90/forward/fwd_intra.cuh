@@ -5,6 +5,8 @@
 // tensor cores, T is inverted block by block, and U, W are tensor-core products (common/mma.cuh).
 // kRecompute (the backward's B0 after a forward that saved T and P: ForwardWorkspace::recompute)
 // reads T as the forward stored it and forms neither P, A nor the inverse: the same W and U bits.
+// kFromT (ForwardWorkspace::values_from_t, at the common shape with bf16 products) stores T
+// and K_up in W's place and forms neither W nor U: F4 forms the new values from T.
 #pragma once
 
 #include "cuda/common/convert.cuh"
@@ -25,9 +27,10 @@
 namespace fkt::cuda {
 
 // kScaled: use_qk_l2norm_in_kernel (IntraTiles).
-template <Products kP, typename In, typename Dims, bool kRecompute, bool kScaled>
+template <Products kP, typename In, typename Dims, bool kRecompute, bool kScaled, bool kFromT>
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::template min_blocks<Dims>())
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
+  static_assert(!(kRecompute && kFromT), "the recompute forms W and U");
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
   const int64_t chunk = launched_chunk(p, blockIdx.x);
@@ -184,10 +187,11 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
   };
   auto product_U = [&] { product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); }); };
   auto product_W = [&] { product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) { return g[i * ldg + e]; }); };
-  // Q_up = q_hat exp(gamma) and K_down = k_hat exp(gamma_L - gamma) stored (kStored), K_up = k_hat
-  // exp(gamma) in place of gamma as an operand (kUp), by `threads` threads.
+  // Q_up = q_hat exp(gamma) and K_down = k_hat exp(gamma_L - gamma) (and from T K_up = k_hat
+  // exp(gamma)) stored (kStored), K_up in place of gamma as an operand (kUp), by `threads` threads.
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
+  Op* k_up = reinterpret_cast<Op*>(p.ws.W) + row_at(0) * K;  // kFromT
   auto form_operands = [&](auto stored, auto up_in_place, int thread, int threads) {
     constexpr bool kStored = decltype(stored)::value, kUp = decltype(up_in_place)::value;
     for_each_cell_of<4>(thread, threads, kUp ? C : l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
@@ -198,6 +202,9 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
         const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
                                  load4(g_last + d), gr);
         store_first(k_down + at, down, K - d, vector);
+        if constexpr (kFromT) {
+          store_first(k_up + at, map4([](float kx, float u) { return kx * u; }, kr, up), K - d, vector);
+        }
       }
       if constexpr (kUp) store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
     });
@@ -222,10 +229,11 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     p_and_a<kP>(p, tiles, C, Kp, l, row_at(0) * C, [&](int thread, int threads) {
       form_operands(std::true_type{}, std::false_type{}, thread, threads);
     });
-    form_operands(std::false_type{}, std::true_type{}, tid, nthreads);
+    if constexpr (!kFromT) form_operands(std::false_type{}, std::true_type{}, tid, nthreads);
     __syncthreads();
     // k and gamma are dead: T in k's room, then v in A's once T is formed.
     invert<kP>(tiles, C, live);
+    if constexpr (kFromT) return store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
     load_v();
     if (p.ws.T != nullptr) store_rows(p.ws.T + row_at(0) * C, static_cast<int64_t>(p.HV) * C, T, ldc, l, C);
     __syncthreads();

@@ -5,6 +5,7 @@
 
 #include <type_traits>
 
+#include "cuda/common/activation.cuh"
 #include "cuda/common/convert.cuh"
 #include "cuda/common/narrow_block.hpp"
 #include "cuda/common/round_up.hpp"
@@ -95,12 +96,6 @@ struct IntraTiles {
   __device__ float4 q4(int r, int d) const;
   __device__ float4 k4(int r, int d) const;
 };
-
-__device__ __forceinline__ float activate_beta(BetaMode mode, float b) {
-  if (mode == BetaMode::kPlain) return b;
-  const float s = 1.f / (1.f + expf(-b));
-  return mode == BetaMode::kSigmoid ? s : 2.f * s;
-}
 
 // scale[r] = 1 / sqrt(sum of squares of row r + 1e-6) for the rows r < rows of x [C, K] (row
 // stride ld), 1 for the others (kda-math.md 2.3): q_hat = q * scale, formed where it is read, the

@@ -7,6 +7,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device_guard.cuh"
+#include "cuda/common/device_limits.hpp"
 #include "cuda/common/side_stream.hpp"
 #include "cuda/sm90/cp/params.hpp"
 #include "cuda/sm90/launch.cuh"
@@ -44,9 +45,15 @@ ForwardUse forward_use(const Problem& p, bool saved_given) {
 
 ForwardLayout carve_forward(Carver& m, const Problem& p, ForwardUse use) {
   ForwardLayout layout{};
-  layout.ws = ForwardWorkspace::carve(m, p, use, operand_bytes(products_for(p)));
-  const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<true>::kTile);
-  layout.pieces = forward_pieces(p, layout.ws, static_cast<int64_t>(f4.x) * f4.y);
+  const int bytes = operand_bytes(products_for(p));
+  const dim3 f4 = state_pass_grid(p, FwdStateWgmmaLayout<void>::kTile);
+  const int64_t f4_blocks = static_cast<int64_t>(f4.x) * f4.y;
+  Carver measure;  // the pieces follow from the layout's kind, the layout's values_from_t from the pieces
+  layout.pieces = forward_pieces(p, ForwardWorkspace::carve(measure, p, use, bytes), f4_blocks);
+  // F4 from T where its blocks fill every SM: its longer steps cost less than F2's products where
+  // the SMs hold two blocks, more where they hold one (docs/design.md).
+  const bool from_t = layout.pieces.count == 1 && f4_blocks >= device_limits(p.device.device_id).sms;
+  layout.ws = ForwardWorkspace::carve(m, p, use, bytes, from_t);
   // forward_workspace_bytes sizes keep_forward's layout as the backward's, which has no carry.
   FKT_CHECK(!p.keep_forward || layout.pieces.count == 1) << "internal: pieces with the forward's workspace kept";
   const int64_t states = segment_state_elements(p);
@@ -59,18 +66,13 @@ ForwardLayout carve_forward(Carver& m, const Problem& p, ForwardUse use) {
   return layout;
 }
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// F4 on wgmma (fwd_state_wgmma_kernel<Stored>): a block per (sequence, 64-column tile of `columns`
-// state columns, value head) and time slice (`slices` along z) on `s`.
-template <typename Stored>
+// F4 on wgmma (fwd_state_wgmma_kernel<Stored, kFromT>): a block per (sequence, 64-column tile of
+// `columns` state columns, value head) and time slice (`slices` along z) on `s`.
+template <typename Stored, bool kFromT = false>
 void state_wgmma_launch(const Problem& p, const FwdStateWgmmaParams& args, int64_t columns, int64_t slices,
                         cudaStream_t s) {
-  using L = FwdStateWgmmaLayout<std::is_void_v<Stored>>;
-  const auto kernel = fwd_state_wgmma_kernel<Stored>;
+  using L = FwdStateWgmmaLayout<Stored, kFromT>;
+  const auto kernel = fwd_state_wgmma_kernel<Stored, kFromT>;
   prefer_max_shared(kernel);
   dim3 grid = state_pass_grid(p, L::kTile);
   grid.x = static_cast<unsigned>(p.N * ceil_div(columns, L::kTile));
@@ -80,18 +82,17 @@ void state_wgmma_launch(const Problem& p, const FwdStateWgmmaParams& args, int64
 
 // F4: on wgmma at the common shape (bf16 products: CommonDims), 64-column V-tiles with the state in
 // registers (fwd_state_wgmma), else the mma.sync pass. With ws.output_in_state_pass the wgmma pass
-// writes o (F5) and keeps the states on chip, else it writes the states in fp16 with row scales
-// (ws.half_states) and delta in fp32 rounded to TF32, as B3's TF32 wgmma products
-// (backward/wy_inter_state_wgmma.cuh) read them.
+// writes o (F5) and keeps the states on chip (with ws.values_from_t forming the new values from T),
+// else it writes the states in fp16 with row scales (ws.half_states) and delta in fp32 rounded to
+// TF32, as B3's TF32 wgmma products (backward/wy_inter_state_wgmma.cuh) read them.
 template <Products kP, typename Dims>
 void state_pass(const Problem& p, const ForwardParams& params, cudaStream_t s) {
   if constexpr (std::is_same_v<Dims, CommonDims>) {
-    auto wgmma_pass = [&](auto stored) {  // TypeTag<the kernel's Stored>, which may be void
-      state_wgmma_launch<typename decltype(stored)::type>(p, fwd_state_wgmma_params(p, params), p.V, 1, s);
-    };
-    if (params.ws.output_in_state_pass) return wgmma_pass(TypeTag<void>{});
+    const FwdStateWgmmaParams args = fwd_state_wgmma_params(p, params);
+    if (params.ws.values_from_t) return state_wgmma_launch<void, true>(p, args, p.V, 1, s);
+    if (params.ws.output_in_state_pass) return state_wgmma_launch<void>(p, args, p.V, 1, s);
     FKT_CHECK(params.ws.half_states) << "internal: fp16 states expected at the common shape";
-    wgmma_pass(TypeTag<__half>{});
+    state_wgmma_launch<__half>(p, args, p.V, 1, s);
   } else {
     const size_t smem = FwdStateLayout::bytes(p.chunk, p.K, operand_bytes(kP));
     with_state_residency<kP>(p, smem, [&](auto residency) {
@@ -121,22 +122,34 @@ void chunk_offsets(const Problem& p, const ForwardParams& params, void* stream) 
 void intra_stage(const Problem& p, const ForwardParams& params, Products products, unsigned chunks, cudaStream_t s) {
   const unsigned heads = static_cast<unsigned>(p.HV);
   with_products(products, [&](auto kp) {
+    constexpr Products kP = decltype(kp)::value;
     with_intra_storage(p.q.dtype, p.v.dtype, [&](auto in) {
       using In = decltype(in);
       // kTf32 is chosen for bfloat16 q only (products_for), __half storage for float16 q only.
-      if constexpr (decltype(kp)::value == Products::kTf32 && std::is_same_v<In, __half>) {
+      if constexpr (kP == Products::kTf32 && std::is_same_v<In, __half>) {
         return;  // a pair that never occurs: not instantiated
       } else {
-        with_dims<decltype(kp)::value>(p, [&](auto dims) {
+        with_dims<kP>(p, [&](auto dims) {
+          // Named here: nvcc takes decltype(dims) in the lambdas below for a reference type.
+          using Dims = decltype(dims);
           with_flag(params.ws.recompute, [&](auto recompute) {
-            with_flag(params.l2norm, [&](auto scaled) {
-              constexpr bool kRecompute = decltype(recompute)::value;
-              const auto kernel =
-                  fwd_intra_kernel<decltype(kp)::value, In, decltype(dims), kRecompute, decltype(scaled)::value>;
-              prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
-              launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
-                     IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes, s,
-                     params);
+            with_flag(params.ws.values_from_t, [&](auto from_t) {
+              constexpr bool kRecompute = decltype(recompute)::value, kFromT = decltype(from_t)::value;
+              constexpr bool kCommon = std::is_same_v<Dims, CommonDims>;
+              // Not instantiated, never chosen: the common shape's kernels with other than bf16 q, k and v
+              // (at_common_shape), K_up and T formed elsewhere (values_from_t).
+              if constexpr ((kCommon && !std::is_same_v<In, __nv_bfloat16>) ||
+                            (kFromT && (kRecompute || kP != Products::kTf32 || !kCommon))) {
+                FKT_CHECK(false) << "internal: F2 has no kernel for these inputs and workspace layout";
+              } else {
+                with_flag(params.l2norm, [&](auto scaled) {
+                  const auto kernel = fwd_intra_kernel<kP, In, Dims, kRecompute, decltype(scaled)::value, kFromT>;
+                  prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
+                  launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
+                         IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes,
+                         s, params);
+                });
+              }
             });
           });
         });
@@ -205,8 +218,13 @@ FwdStateWgmmaParams fwd_state_wgmma_params(const Problem& p, const ForwardParams
   wgmma.p = params;
   wgmma.w = row_tensor_map(params.ws.W, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
   wgmma.k_down = row_tensor_map(params.ws.k_down, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
-  wgmma.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
-  if (params.ws.output_in_state_pass) {
+  if (!params.ws.values_from_t) {
+    wgmma.u = row_tensor_map(params.ws.U, DType::kF32, p.V, p.HV, p.V, tokens, p.chunk);
+  } else {  // the new values from T (K_up in W's place)
+    wgmma.v = row_tensor_map(params.v, DType::kBF16, p.V, p.HV, p.V, tokens, p.chunk);
+    wgmma.T = row_tensor_map(params.ws.T, DType::kF32, p.chunk, p.HV, p.chunk, tokens, p.chunk);
+  }
+  if (params.ws.output_in_state_pass) {  // F5 inside
     wgmma.q_up = row_tensor_map(params.ws.q_up, DType::kBF16, p.K, p.HV, p.K, tokens, p.chunk);
     wgmma.P = row_tensor_map(params.ws.P, DType::kBF16, p.chunk, p.HV, p.chunk, tokens, p.chunk);
   }

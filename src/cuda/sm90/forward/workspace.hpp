@@ -42,11 +42,11 @@ struct ForwardWorkspace {
   // W, K_down and Q_up hold operand_bytes(products) per element (common/products.hpp): bf16 for
   // bf16 inputs. W and K_down share one region, which the backward's dk takes whole; Q_up's is
   // sized for the backward's dq (fp32) when the backward reads this layout.
-  void* W;                 // [B*T, HV, K] (F3)
+  void* W;                 // [B*T, HV, K] (F3); K_up = k_hat exp(gamma) with values_from_t
   void* k_down;            // [B*T, HV, K] (F3)
   void* q_up;              // [B*T, HV, K] (F3)
   float* g_last;           // [chunks, HV, K] gamma of each chunk's last row (F2), read by F4 and B2
-  float* U;                // [B*T, HV, V] (F3)
+  float* U;                // [B*T, HV, V] (F3); nullptr with values_from_t
   float* delta;            // [B*T, HV, V] new values (F4), in U's place: F4 writes the new values
                            // of a chunk's rows and columns after reading the same rows and columns of U
   // The states hold elements of states_dtype: bf16 in the forward's own layout for bf16 products,
@@ -63,6 +63,11 @@ struct ForwardWorkspace {
   // and delta: the forward's own layout at the common shape with bf16 operands. The states are not
   // kept then, and delta is not written.
   bool output_in_state_pass;
+  // With output_in_state_pass, where the forward runs whole (forward_pieces: F4 not beside F2) and
+  // F4's blocks fill the SMs, F4 forms the new values from K_up, v and T (kda-math.md section 3): F2
+  // writes K_up in W's place, T, and no U. Elsewhere U - W S, whose F4 steps are shorter
+  // (docs/design.md).
+  bool values_from_t;
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
   // [N] varlen: the sequences by decreasing chunk count, ties in order (chunk_offsets_kernel; the
   // identity past ChunkOffsetsConfig::kMostOrdered sequences), so that the wgmma state passes'
@@ -73,7 +78,8 @@ struct ForwardWorkspace {
   // forward that saves them (`p_saved`) points P.
   bool recompute;
   // For the backward (written by F2 in the forward: into `saved` in its own layout, into the
-  // workspace with keep_forward; read by F2 with recompute); nullptr otherwise:
+  // workspace with keep_forward; read by F2 with recompute), and for F4 with values_from_t (in the
+  // forward's own layout, when nothing is saved); nullptr otherwise:
   float* T;                // [B*T, HV, C] (I + A)^-1 of each chunk, row = token
   // q_hat = q * scale_q and k_hat = k * scale_k, formed by the backward's stages from q and k as
   // F2 forms them: the row scales of use_qk_l2norm_in_kernel, nullptr without it (scale 1).
@@ -83,13 +89,15 @@ struct ForwardWorkspace {
 
   static int64_t chunks(const Problem& p) { return p.varlen ? p.num_chunks : p.B * p.num_chunks; }
 
-  static ForwardWorkspace carve(Carver& m, const Problem& p, ForwardUse use, int operand_bytes) {
+  // from_t: F4 may form the new values from T (the forward runs whole and F4's blocks fill the SMs).
+  static ForwardWorkspace carve(Carver& m, const Problem& p, ForwardUse use, int operand_bytes, bool from_t = false) {
     const bool for_backward = use == ForwardUse::kBackward;
     const int64_t rows = p.B * p.T * p.HV;
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: the states in bf16.
     const bool compact = !for_backward && operand_bytes == 2;
-    w.output_in_state_pass = compact && CommonDims::matches(p);
+    w.output_in_state_pass = compact && at_common_shape(p);
+    w.values_from_t = w.output_in_state_pass && from_t;
     w.states_dtype = compact ? DType::kBF16 : DType::kF32;
     w.P_dtype = operand_bytes == 2 ? DType::kBF16 : DType::kF32;
     w.recompute = for_backward && !p.keep_forward;
@@ -103,9 +111,9 @@ struct ForwardWorkspace {
     w.k_down = w_kd + operand;
     const int64_t q_up_bytes = for_backward ? static_cast<int64_t>(sizeof(float)) : operand_bytes;
     w.q_up = m.take<char>(rows * p.K * q_up_bytes);
-    w.U = m.take<float>(rows * p.V);
+    w.U = w.values_from_t ? nullptr : m.take<float>(rows * p.V);
     w.delta = w.U;
-    w.half_states = for_backward && operand_bytes == 2 && CommonDims::matches(p);
+    w.half_states = for_backward && operand_bytes == 2 && at_common_shape(p);
     const int64_t states_bytes = w.half_states ? 2 : dtype_bytes(w.states_dtype);
     w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * states_bytes);
     if (w.half_states) w.state_scales = m.take<float>(state_scales_at(chunks(p) * p.HV, 0, p.V, p.K));
@@ -119,6 +127,8 @@ struct ForwardWorkspace {
         w.scale_k = m.take<float>(p.B * p.T * p.H);
       }
       w.beta_act = m.take<float>(rows);
+    } else if (w.values_from_t && use == ForwardUse::kOwn) {
+      w.T = m.take<float>(rows * p.chunk);
     }
     return w;
   }
