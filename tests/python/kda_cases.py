@@ -65,3 +65,11 @@ def capture_graph(step):
     with torch.cuda.graph(graph):
         captured = step()
     return graph, captured
+
+
+def launches(fn, name):
+    """How many kernels whose name holds `name` fn launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if name in e.key)

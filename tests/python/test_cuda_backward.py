@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import LEAVES, WIDE, capture_graph, make_inputs, needs_cuda, rel_rms
+from kda_cases import LEAVES, WIDE, capture_graph, launches, make_inputs, needs_cuda, rel_rms
 
 pytestmark = needs_cuda
 
@@ -152,13 +152,23 @@ def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
             assert error < limit, (name, error)
 
 
-def assert_bf16_call_within_gold(case):
-    """o, the final state and every gradient of a bfloat16 call within the bf16 bounds of the gold."""
-    cuda, x, opts, gin = run(case, "cuda", torch.bfloat16)
+@pytest.mark.parametrize("v_case,from_t", [(dict(), True), (dict(v_dtype=torch.float32), False),
+                                            (dict(misaligned_v=True), False)], ids=["bf16-v", "fp32-v", "misaligned-v"])
+def test_bf16_call_whose_state_pass_fills_the_gpu_matches_gold(v_case, from_t):
+    """bfloat16 q, k, g and beta at K = V = 128 with 160 blocks of F4 (batch x value heads x two
+    V-tiles), at least a Hopper GPU's SMs: F4 forms the new values from T where it can copy v's bf16
+    rows by TMA (forward/workspace.hpp, values_from_t), U - W S with a float32 v or one not 16-byte
+    aligned. o, the final state and every gradient within the bf16 bounds of the gold."""
+    case = dict(B=2, T=150, H=4, HV=40, K=128, V=128, gate_in_kernel=True, lower_bound=-5.0, safe_gate=True) | v_case
+    calls = []
+    from_t_launches = launches(lambda: calls.append(run(case, "cuda", torch.bfloat16)),
+                               "fwd_state_wgmma_kernel<void, true>")
+    assert from_t_launches == (1 if from_t else 0)
+    cuda, x, opts, gin = calls[0]
     assert cuda["dv"].dtype == x["v"].dtype
     gold_o, gold_ht, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"],
                                                dht=gin["dht"], initial_state=x["initial_state"], A_log=x["A_log"],
-                                               dt_bias=x["dt_bias"], cu_seqlens=x.get("cu_seqlens"),
+                                               dt_bias=x["dt_bias"],
                                                **{k: v for k, v in opts.items() if k != "output_final_state"})
     assert rel_rms(cuda["o"], gold_o) < 4e-3
     assert rel_rms(cuda["final_state"], gold_ht) < 1e-3
@@ -166,24 +176,6 @@ def assert_bf16_call_within_gold(case):
         for name in names:
             error = rel_rms(cuda[name], getattr(gold, name))
             assert error < limit, (name, error)
-
-
-@pytest.mark.parametrize("v_case", [dict(v_dtype=torch.float32), dict(misaligned_v=True)],
-                         ids=["fp32-v", "misaligned-v"])
-def test_bf16_inputs_off_the_common_kernels_match_gold(v_case):
-    """bfloat16 q, k, g and beta at K = V = 128 with a float32 v, or a bfloat16 v that does not start
-    16-byte aligned, run the kernels of run-time dims, where the common shape's copy v's bf16 rows by
-    TMA (sm90/dims.hpp, at_common_shape)."""
-    assert_bf16_call_within_gold(dict(B=1, T=300, H=2, HV=4, K=128, V=128, cu_seqlens=[0, 1, 64, 65, 300],
-                                      gate_in_kernel=True, lower_bound=-5.0, safe_gate=True) | v_case)
-
-
-def test_bf16_call_whose_state_pass_fills_the_gpu_matches_gold():
-    """bfloat16 at K = V = 128 with 160 blocks of F4 (batch x value heads x two V-tiles), more than a
-    Hopper GPU's SMs: F4 forms the new values from T (forward/workspace.hpp, values_from_t), with
-    partial chunks at the sequences' ends."""
-    assert_bf16_call_within_gold(dict(B=2, T=150, H=4, HV=40, K=128, V=128, gate_in_kernel=True, lower_bound=-5.0,
-                                      safe_gate=True))
 
 
 # A varlen batch's sequences do not reach each other: the wgmma state passes (bf16, K = V = 128)
@@ -658,12 +650,14 @@ def test_forward_without_gradients_saves_nothing(monkeypatch):
     assert with_grad - without_grad >= _saved_bytes(c["q"], c["v"], None, 64, "auto") - p_room > 0
 
 
-def test_training_forward_forms_p_in_saved(monkeypatch):
-    """A forward given `saved` forms P and T there: its workspace
-    (fkt_sizes.saving_forward_workspace_bytes) is smaller by P's bf16 rows and T's fp32 rows (which
-    the forward without `saved` keeps for F4, forward/workspace.hpp), each rounded up to the
-    carver's 64 bytes, the workspace it is given has that size, and o and the final state keep the
-    bits of a forward without `saved`. A forward without `saved` refuses a workspace of that size."""
+@pytest.mark.parametrize("HV,keeps_t", [(6, False), (72, True)], ids=["from-U", "from-T"])
+def test_training_forward_forms_p_in_saved(monkeypatch, HV, keeps_t):
+    """A forward given `saved` forms P there (and T, where F4 forms the new values from T, which a
+    forward without `saved` keeps in its workspace: 144 F4 blocks at HV = 72, forward/workspace.hpp):
+    its workspace (fkt_sizes.saving_forward_workspace_bytes) is smaller by P's bf16 rows (and T's
+    fp32 rows), each rounded up to the carver's 64 bytes, the workspace it is given has that size,
+    and o and the final state keep the bits of a forward without `saved`. A forward without `saved`
+    refuses a workspace of that size."""
     import ctypes
 
     from flash_kda_train import _abi, _core, _lib
@@ -672,7 +666,7 @@ def test_training_forward_forms_p_in_saved(monkeypatch):
     planned, buffer = _abi.Call.sizes, _abi.Call.buffer
     monkeypatch.setattr(_abi.Call, "sizes", lambda call: calls.append(call) or sizes.append(planned(call)) or sizes[-1])
     monkeypatch.setattr(_abi.Call, "buffer", lambda call, n: buffers.append(n) or buffer(call, n))
-    B, T, HV = 1, 1000, 6
+    B, T = 1, 1000
     x = make_inputs(B=B, T=T, H=2, HV=HV, K=128, V=128, dtype=torch.bfloat16, gate_in_kernel=True,
                     requires_grad=False)
     c = {n: t.cuda() for n, t in x.items() if t is not None}
@@ -688,7 +682,7 @@ def test_training_forward_forms_p_in_saved(monkeypatch):
     assert torch.equal(o, o_saving) and torch.equal(ht, ht_saving)
     plan = sizes[-1]
     p_bytes, t_bytes = (-(-B * T * HV * 64 * size // 64) * 64 for size in (2, 4))
-    assert plan.forward_workspace_bytes - plan.saving_forward_workspace_bytes == p_bytes + t_bytes
+    assert plan.forward_workspace_bytes - plan.saving_forward_workspace_bytes == p_bytes + (t_bytes if keeps_t else 0)
     assert buffers[0] == plan.forward_workspace_bytes  # the inference forward: no `saved`
     assert sorted(buffers[1:]) == sorted([plan.saved_bytes, plan.saving_forward_workspace_bytes])
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flash_kda_train as fkt
-from kda_cases import capture_graph, make_inputs, needs_cuda, rel_rms
+from kda_cases import capture_graph, launches, make_inputs, needs_cuda, rel_rms
 
 pytestmark = needs_cuda
 
@@ -77,13 +77,6 @@ def planned_call(x, opts, pieces):
 def workspace_bytes(x, opts, pieces):
     """The forward's workspace as the library plans it."""
     return planned_call(x, opts, pieces).sizes().forward_workspace_bytes
-
-
-def launches(fn, name):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(e.count for e in prof.key_averages() if name in e.key)
 
 
 @pytest.mark.parametrize("case,pieces,expected", CASES, ids=[f"case{i}" for i in range(len(CASES))])

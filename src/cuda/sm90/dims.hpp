@@ -5,8 +5,6 @@
 // call's own values. The params P are ForwardParams (forward/params.hpp).
 #pragma once
 
-#include <cstdint>
-
 #include "core/problem.hpp"
 
 namespace fkt::cuda {
@@ -44,12 +42,5 @@ struct FixedDims {
 };
 
 using CommonDims = FixedDims<64, 128, 128>;
-
-// Whether a call runs the kernels of the common shape: its dims, with v in bf16 as q and k and
-// 16-byte aligned (the forward's wgmma state pass copies v's bf16 rows by TMA where it forms the new
-// values from T: fwd_state_wgmma).
-inline bool at_common_shape(const Problem& p) {
-  return CommonDims::matches(p) && p.v.dtype == DType::kBF16 && reinterpret_cast<uintptr_t>(p.v.bytes()) % 16 == 0;
-}
 
 }  // namespace fkt::cuda

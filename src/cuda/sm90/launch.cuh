@@ -70,7 +70,7 @@ void with_products(Products products, F f) {
 template <Products kP, typename F>
 void with_dims(const Problem& p, F f) {
   if constexpr (kP == Products::kTf32) {
-    if (at_common_shape(p)) return f(CommonDims{});
+    if (CommonDims::matches(p)) return f(CommonDims{});
   }
   f(RuntimeDims{});
 }
@@ -136,7 +136,7 @@ void with_qk_storage(DType qk, F f) {
 
 // A run-time flag as a kernel's template argument: whether F2 and B4 read the l2norm row scales
 // (use_qk_l2norm_in_kernel; IntraTiles, BwdIntraConfig), whether F2 is the backward's recompute
-// from the forward's saved T (ForwardWorkspace::recompute), whether it forms K_up and T for F4 to
+// from the forward's saved T (ForwardWorkspace::recompute), whether it stores K_up and T for F4 to
 // form the new values from (ForwardWorkspace::values_from_t). Calls f(std::true_type{}) or
 // f(std::false_type{}).
 template <typename F>

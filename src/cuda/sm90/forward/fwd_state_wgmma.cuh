@@ -276,8 +276,9 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       pin_accumulator(d);
       if constexpr (kOutput) pin_accumulator(o);
     } else {
-      wgmma_wait();
+      wgmma_wait();  // the copies of the next chunk may land where these products read
       pin_accumulator(d);
+      if constexpr (kOutput) pin_accumulator(o);
       if (l < C) transform_acc(d, [&](int, int col, float x) { return col < l ? x : 0.f; });
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) da[ks] = a_fragment(d, ks);
@@ -288,7 +289,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       }
     }
     // W or K_up, U or v and T, gamma_L (and Q_up) are consumed; exp(gamma_L) is in (from T: T's parts
-    // and beta; else h_j and delta staged)
+    // and beta; with the states: h_j and delta staged)
     __syncthreads();
     if (leader && j + 1 < end) issue_values(j + 1);
     if constexpr (kFromT) {  // delta^T = (beta X)^T T^T, X^T's columns past the chunk's end zero
@@ -324,7 +325,10 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) da[ks] = a_fragment(d, ks);
     }
-    if constexpr (kOutput) transform_acc(o, [&](int, int, float x) { return p.scale * x; });  // o^T = s S^T Q_up^T
+    if constexpr (kOutput) {  // o^T = s S^T Q_up^T
+      pin_accumulator(o);
+      transform_acc(o, [&](int, int, float x) { return p.scale * x; });
+    }
     pin_accumulator(s[0]);
     pin_accumulator(s[1]);
     wgmma_fence();

@@ -50,8 +50,9 @@ ForwardLayout carve_forward(Carver& m, const Problem& p, ForwardUse use) {
   const int64_t f4_blocks = static_cast<int64_t>(f4.x) * f4.y;
   Carver measure;  // the pieces follow from the layout's kind, the layout's values_from_t from the pieces
   layout.pieces = forward_pieces(p, ForwardWorkspace::carve(measure, p, use, bytes), f4_blocks);
-  // F4 from T where its blocks fill every SM: its longer steps cost less than F2's products where
-  // the SMs hold two blocks, more where they hold one (docs/design.md).
+  // F4 from T where its blocks are at least the SMs: its longer steps cost less than F2's W and U
+  // products where they are many, more where few (docs/design.md, "The new values from T where F4
+  // fills the GPU").
   const bool from_t = layout.pieces.count == 1 && f4_blocks >= device_limits(p.device.device_id).sms;
   layout.ws = ForwardWorkspace::carve(m, p, use, bytes, from_t);
   // forward_workspace_bytes sizes keep_forward's layout as the backward's, which has no carry.
@@ -136,10 +137,10 @@ void intra_stage(const Problem& p, const ForwardParams& params, Products product
             with_flag(params.ws.values_from_t, [&](auto from_t) {
               constexpr bool kRecompute = decltype(recompute)::value, kFromT = decltype(from_t)::value;
               constexpr bool kCommon = std::is_same_v<Dims, CommonDims>;
-              // Not instantiated, never chosen: the common shape's kernels with other than bf16 q, k and v
-              // (at_common_shape), K_up and T formed elsewhere (values_from_t).
-              if constexpr ((kCommon && !std::is_same_v<In, __nv_bfloat16>) ||
-                            (kFromT && (kRecompute || kP != Products::kTf32 || !kCommon))) {
+              // Not instantiated, never chosen: K_up and T stored elsewhere than in the forward's own layout
+              // at the common shape with bf16 inputs (values_from_t).
+              if constexpr (kFromT && (kRecompute || kP != Products::kTf32 || !kCommon ||
+                                       !std::is_same_v<In, __nv_bfloat16>)) {
                 FKT_CHECK(false) << "internal: F2 has no kernel for these inputs and workspace layout";
               } else {
                 with_flag(params.l2norm, [&](auto scaled) {

@@ -63,10 +63,10 @@ struct ForwardWorkspace {
   // and delta: the forward's own layout at the common shape with bf16 operands. The states are not
   // kept then, and delta is not written.
   bool output_in_state_pass;
-  // With output_in_state_pass, where the forward runs whole (forward_pieces: F4 not beside F2) and
-  // F4's blocks fill the SMs, F4 forms the new values from K_up, v and T (kda-math.md section 3): F2
-  // writes K_up in W's place, T, and no U. Elsewhere U - W S, whose F4 steps are shorter
-  // (docs/design.md).
+  // With output_in_state_pass, where the forward runs whole (forward_pieces: F4 not beside F2), F4's
+  // blocks are at least the SMs and v is bf16 and 16-byte aligned, F4 forms the new values from K_up,
+  // v and T (kda-math.md section 3): F2 writes K_up in W's place, T, and no U. Elsewhere U - W S,
+  // whose F4 steps are shorter (docs/design.md, "The new values from T where F4 fills the GPU").
   bool values_from_t;
   int64_t* chunk_offsets;  // [N + 1] first chunk of each sequence (varlen)
   // [N] varlen: the sequences by decreasing chunk count, ties in order (chunk_offsets_kernel; the
@@ -96,8 +96,10 @@ struct ForwardWorkspace {
     ForwardWorkspace w{};
     // The forward's own layout with bf16 operands, where F5 is the last reader: the states in bf16.
     const bool compact = !for_backward && operand_bytes == 2;
-    w.output_in_state_pass = compact && at_common_shape(p);
-    w.values_from_t = w.output_in_state_pass && from_t;
+    w.output_in_state_pass = compact && CommonDims::matches(p);
+    // From T, F4 copies v's rows by TMA: bf16, 16-byte aligned.
+    const bool v_by_tma = p.v.dtype == DType::kBF16 && reinterpret_cast<uintptr_t>(p.v.bytes()) % 16 == 0;
+    w.values_from_t = w.output_in_state_pass && from_t && v_by_tma;
     w.states_dtype = compact ? DType::kBF16 : DType::kF32;
     w.P_dtype = operand_bytes == 2 ? DType::kBF16 : DType::kF32;
     w.recompute = for_backward && !p.keep_forward;
@@ -113,7 +115,7 @@ struct ForwardWorkspace {
     w.q_up = m.take<char>(rows * p.K * q_up_bytes);
     w.U = w.values_from_t ? nullptr : m.take<float>(rows * p.V);
     w.delta = w.U;
-    w.half_states = for_backward && operand_bytes == 2 && at_common_shape(p);
+    w.half_states = for_backward && operand_bytes == 2 && CommonDims::matches(p);
     const int64_t states_bytes = w.half_states ? 2 : dtype_bytes(w.states_dtype);
     w.states = w.output_in_state_pass ? nullptr : m.take<char>(chunks(p) * p.HV * p.K * p.V * states_bytes);
     if (w.half_states) w.state_scales = m.take<float>(state_scales_at(chunks(p) * p.HV, 0, p.V, p.K));
