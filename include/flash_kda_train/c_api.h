@@ -139,8 +139,8 @@ typedef struct fkt_sizes {
    * segment's workspace (dense inputs of many chunks). 0: nothing passes. */
   uint64_t saved_bytes;
   /* Bytes of the forward's workspace when it is given `saved`, at most forward_workspace_bytes: on
-   * CUDA the forward then forms P in `saved`, where it would otherwise need room for it in the
-   * workspace. */
+   * CUDA the forward then forms P (and T, where its state pass forms the new values from T) in
+   * `saved`, where it would otherwise need room for them in the workspace. */
   uint64_t saving_forward_workspace_bytes;
 } fkt_sizes;
 
