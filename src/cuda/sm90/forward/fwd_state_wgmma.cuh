@@ -242,7 +242,7 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     mbarrier_wait(values_ready, parity);
     decay[threadIdx.x] = expf(g_last[threadIdx.x]);
     // d: X^T = v^T - S^T K_up^T (from T) or delta^T = U^T - S^T W^T, then o^T = S^T Q_up^T on S's hi
-    // part; delta waits for its own group.
+    // part.
     float d[C / 8][4];
     load_values(d);
     SplitFragment a[K / 16];
@@ -260,13 +260,12 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       wgmma_bf16_rs<-1, 0>(d, a[ks].hi, Swizzled128::plus(w, k_step(ks)));
       wgmma_bf16_rs<-1, 0>(d, a[ks].lo, Swizzled128::plus(w, k_step(ks)));
     }
-    wgmma_commit();
     if constexpr (kOutput) {
       const uint64_t qu = Swizzled128::k_major(ops + L::qu);
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) wgmma_bf16_rs<1, 0>(o, a[ks].hi, Swizzled128::plus(qu, k_step(ks)));
-      wgmma_commit();
     }
+    wgmma_commit();  // one group: both products are waited for before the next chunk's copies
     SplitFragment da[C / 16];
     if constexpr (kFromT) {
       split_T();
