@@ -152,30 +152,38 @@ def test_low_precision_gradients_match_gold(dtype, bound, fp32_bound, shape):
             assert error < limit, (name, error)
 
 
-@pytest.mark.parametrize("v_case,from_t", [(dict(), True), (dict(v_dtype=torch.float32), False),
-                                            (dict(misaligned_v=True), False)], ids=["bf16-v", "fp32-v", "misaligned-v"])
-def test_bf16_call_whose_state_pass_fills_the_gpu_matches_gold(v_case, from_t):
+# FLA's thresholds for its bf16 training tests (kda-math.md 7.3), relative RMS against the gold.
+FLA_BF16_BOUNDS = dict(o=5e-3, final_state=5e-3, dq=8e-3, dk=8e-3, dv=8e-3, dg=2e-2, dbeta=2e-2, dh0=8e-3,
+                       dA_log=3e-3, ddt_bias=8e-3)
+
+
+def test_bf16_call_whose_state_pass_fills_the_gpu_matches_gold():
     """bfloat16 q, k, g and beta at K = V = 128 with 160 blocks of F4 (batch x value heads x two
     V-tiles), at least a Hopper GPU's SMs: F4 forms the new values from T where it can copy v's bf16
     rows by TMA (forward/workspace.hpp, values_from_t), U - W S with a float32 v or one not 16-byte
-    aligned. o, the final state and every gradient within the bf16 bounds of the gold."""
-    case = dict(B=2, T=150, H=4, HV=40, K=128, V=128, gate_in_kernel=True, lower_bound=-5.0, safe_gate=True) | v_case
-    calls = []
-    from_t_launches = launches(lambda: calls.append(run(case, "cuda", torch.bfloat16)),
-                               "fwd_state_wgmma_kernel<void, true>")
-    assert from_t_launches == (1 if from_t else 0)
-    cuda, x, opts, gin = calls[0]
-    assert cuda["dv"].dtype == x["v"].dtype
-    gold_o, gold_ht, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"],
-                                               dht=gin["dht"], initial_state=x["initial_state"], A_log=x["A_log"],
-                                               dt_bias=x["dt_bias"],
-                                               **{k: v for k, v in opts.items() if k != "output_final_state"})
-    assert rel_rms(cuda["o"], gold_o) < 4e-3
-    assert rel_rms(cuda["final_state"], gold_ht) < 1e-3
-    for names, limit in ((("dq", "dk", "dv", "dg", "dbeta"), 4e-3), (("dh0", "dA_log", "ddt_bias"), 1e-3)):
-        for name in names:
-            error = rel_rms(cuda[name], getattr(gold, name))
-            assert error < limit, (name, error)
+    aligned. Each within FLA's bf16 thresholds of the gold, and from T no less precise than from U
+    on the same values (the misaligned v)."""
+    case = dict(B=2, T=150, H=4, HV=40, K=128, V=128, gate_in_kernel=True, lower_bound=-5.0, safe_gate=True)
+    errors = {}
+    for name, v_case, from_t in (("bf16", dict(), True), ("fp32", dict(v_dtype=torch.float32), False),
+                                 ("misaligned", dict(misaligned_v=True), False)):
+        calls = []
+        from_t_launches = launches(lambda: calls.append(run(case | v_case, "cuda", torch.bfloat16)),
+                                   "fwd_state_wgmma_kernel<void, true>")
+        assert from_t_launches == (1 if from_t else 0), name
+        cuda, x, opts, gin = calls[0]
+        assert cuda["dv"].dtype == x["v"].dtype
+        gold_o, gold_ht, gold = fkt.reference.gold(x["q"], x["k"], x["v"], x["g"], x["beta"], do=gin["do"],
+                                                   dht=gin["dht"], initial_state=x["initial_state"],
+                                                   A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                                   **{k: v for k, v in opts.items() if k != "output_final_state"})
+        golds = dict(o=gold_o, final_state=gold_ht)
+        golds |= {n: getattr(gold, n) for n in FLA_BF16_BOUNDS if n not in golds}
+        errors[name] = {n: rel_rms(cuda[n], golds[n]) for n in FLA_BF16_BOUNDS}
+        for n, bound in FLA_BF16_BOUNDS.items():
+            assert errors[name][n] < bound, (name, n, errors[name][n])
+    for n in FLA_BF16_BOUNDS:
+        assert errors["bf16"][n] <= 1.05 * errors["misaligned"][n], (n, errors["bf16"][n], errors["misaligned"][n])
 
 
 # A varlen batch's sequences do not reach each other: the wgmma state passes (bf16, K = V = 128)
@@ -325,6 +333,11 @@ def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, stat
     dht = torch.randn(x["initial_state"].shape).cuda()
 
     def step(sequences):
+        result = []
+        from_t = launches(lambda: result.extend(run_pack(sequences)), "fwd_state_wgmma_kernel<void, true>")
+        return from_t, result
+
+    def run_pack(sequences):
         t = cu[sequences]
         leaves = {n: x[n][:, :t].cuda().requires_grad_() for n in ("q", "k", "v", "g", "beta")}
         leaves["initial_state"] = x["initial_state"][:sequences].cuda().requires_grad_()
@@ -337,8 +350,16 @@ def test_state_pass_residencies_give_the_same_bits(dtype, K, V, chunk_size, stat
 
     names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
     results = {n: step(n) for n in (wide, narrow, dense)}
+    # At bf16, K = V = 128 the dense pack's F4 has at least a block per SM and forms the new values
+    # from T (values_from_t), the other two from U: its o and final state are other arithmetic; the
+    # backward, which recomputes from the saved T, is not.
+    from_t_case = dtype == torch.bfloat16 and K == V == 128
+    assert [results[n][0] for n in (wide, narrow, dense)] == [0, 0, 1 if from_t_case else 0]
     for more, fewer in ((narrow, wide), (dense, wide), (dense, narrow)):
-        for name, a, b in zip(names, results[more], results[fewer]):
+        same_forward = results[more][0] == results[fewer][0]
+        for name, a, b in zip(names, results[more][1], results[fewer][1]):
+            if name in ("o", "final_state") and not same_forward:
+                continue
             assert torch.equal(a[: b.shape[0]] if name in ("final_state", "dh0") else a[:, : b.shape[1]], b), name
 
 
