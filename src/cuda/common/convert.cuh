@@ -38,6 +38,26 @@ __device__ __forceinline__ float load_float(const void* base, DType dtype, int64
   }
 }
 
+// Element i of a run-time dtype as its raw bits (load_bits), widened where it is used (from_bits):
+// the load's latency then ends at the widening, not inside the dtype's branch, so that a load
+// issued a step ahead is waited for only when its value is needed.
+__device__ __forceinline__ uint64_t load_bits(const void* base, DType dtype, int64_t i) {
+  switch (element_bytes(dtype)) {
+    case 8: return static_cast<const uint64_t*>(base)[i];
+    case 4: return static_cast<const uint32_t*>(base)[i];
+    default: return static_cast<const uint16_t*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ float from_bits(uint64_t bits, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+    case DType::kF16: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    case DType::kF32: return __uint_as_float(static_cast<uint32_t>(bits));
+    default: return static_cast<float>(__longlong_as_double(static_cast<long long>(bits)));
+  }
+}
+
 // The first `count` elements from element i of a bf16, fp16 or fp32 row as fp32 (the others read as
 // zero): one 4-element load when `vector` (element i and the row's base 4-element aligned) and
 // count >= 4, else one load per element.

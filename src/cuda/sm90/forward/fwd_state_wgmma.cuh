@@ -211,16 +211,20 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
       for_each_acc(s[h], [&](int r, int col, float x) { to[state_index(p, b.n, b.head, 64 * h + col, b.e0 + v0 + r)] = x; });
     }
   };
+  // From T, the beta of chunk j's row `row` (thread row < C), loaded a chunk ahead as raw bits:
+  // its global load waited for inside the chunk's step took a tenth of the pass's stall samples.
+  const int row = static_cast<int>(threadIdx.x);
+  auto beta_bits_of = [&](int64_t j) -> uint64_t {
+    if (!kFromT || j >= end || row >= b.rows_of(j)) return 0;
+    return load_bits(p.beta, p.beta_dtype, (b.io_token(j) + int64_t{row}) * p.io_HV + b.head);
+  };
+  uint64_t beta_bits = beta_bits_of(begin);
   int64_t segment_start = kSummary ? -1 : first_segment_start(p, begin);
   for (int64_t j = begin; j < end; ++j) {
     const int l = b.rows_of(j);
     const uint32_t parity = static_cast<uint32_t>((j - begin) & 1);
     char* const ops = unhoisted(smem);  // the products' operands
     const int64_t base = (b.first_state + j * p.HV) * K * V;  // h_j's [K, V] block
-    // The chunk's beta for the lanes that stage it, loaded while the copies land.
-    const int row = static_cast<int>(threadIdx.x);
-    const float raw_beta =
-        kFromT && row < l ? load_float(p.beta, p.beta_dtype, (b.io_token(j) + int64_t{row}) * p.io_HV + b.head) : 0.f;
     if (j == segment_start) {
       store_state(segment_states_at(p, j));
       segment_start += p.segment_chunks;
@@ -270,7 +274,8 @@ __device__ __forceinline__ void fwd_state_wgmma(const FwdStateWgmmaParams& param
     if constexpr (kFromT) {
       split_T();
       fence_proxy_async_shared();
-      if (row < C) beta[row] = row < l ? activate_beta(p.beta_mode, raw_beta) : 0.f;
+      if (row < C) beta[row] = row < l ? activate_beta(p.beta_mode, from_bits(beta_bits, p.beta_dtype)) : 0.f;
+      beta_bits = beta_bits_of(j + 1);
       wgmma_wait();  // the copies of the next chunk may land where these products read
       pin_accumulator(d);
       if constexpr (kOutput) pin_accumulator(o);
