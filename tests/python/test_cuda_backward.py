@@ -164,6 +164,9 @@ def test_bf16_call_whose_state_pass_fills_the_gpu_matches_gold():
     aligned. Each within FLA's bf16 thresholds of the gold, and from T no less precise than from U
     on the same values (the misaligned v)."""
     case = dict(B=2, T=150, H=4, HV=40, K=128, V=128, gate_in_kernel=True, lower_bound=-5.0, safe_gate=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if 2 * case["B"] * case["HV"] < sms:
+        pytest.skip(f"{sms} SMs, more than this call's F4 blocks: no F4 from T")
     errors = {}
     for name, v_case, from_t in (("bf16", dict(), True), ("fp32", dict(v_dtype=torch.float32), False),
                                  ("misaligned", dict(misaligned_v=True), False)):
