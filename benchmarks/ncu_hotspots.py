@@ -27,14 +27,20 @@ import sys
 COLUMN = "Warp Stall Sampling (All Samples)"
 
 
-def hotspots(text: str, top: int):
+def _listing(text: str):
+    """The listing's header row and the rows under it; refused without stall samples."""
     rows = list(csv.reader(io.StringIO(text)))
     header_at = next((i for i, row in enumerate(rows) if COLUMN in row), None)
     if header_at is None:
         raise SystemExit(f"no '{COLUMN}' column: was the report taken with --set full (SourceCounters)?")
-    column = rows[header_at].index(COLUMN)
+    return rows[header_at], rows[header_at + 1:]
+
+
+def hotspots(text: str, top: int):
+    header, body = _listing(text)
+    column = header.index(COLUMN)
     samples, source, line = collections.Counter(), {}, None
-    for row in rows[header_at + 1:]:
+    for row in body:
         if len(row) <= column:
             continue
         if row[0].strip().isdigit():  # a CUDA source line; the SASS rows under it carry its samples
@@ -52,14 +58,10 @@ def hotspots(text: str, top: int):
 
 def sass_hotspots(text: str, top: int, before: int = 0):
     """(share, index, instruction, the `before` instructions before it) of the `top` SASS rows."""
-    rows = list(csv.reader(io.StringIO(text)))
-    header_at = next((i for i, row in enumerate(rows) if COLUMN in row), None)
-    if header_at is None:
-        raise SystemExit(f"no '{COLUMN}' column: was the report taken with --set full (SourceCounters)?")
-    header = rows[header_at]
+    header, body = _listing(text)
     address, source, column = header.index("Address"), header.index("Source"), header.index(COLUMN)
     listing, samples, seen = [], [], set()
-    for row in rows[header_at + 1:]:
+    for row in body:
         if len(row) <= column or not row[address].startswith("0x"):
             continue
         if row[address] in seen:  # a listing printed twice (several launches): count each address once
