@@ -3,6 +3,8 @@
 // U = T diag(beta) V, K_down and Q_up. The chunk is cut into 16-row sub-chunks (one tensor-core row
 // tile): the 16 x 16 blocks of P and A use the reference-row factorisation of kda-math.md 3.4 on
 // tensor cores, T is inverted block by block, and U, W are tensor-core products (common/mma.cuh).
+// At the common shape with 16-bit inputs (kFactors) the six blocks below the diagonal come from fp16
+// factors formed once a chunk (forward/intra_factors.cuh).
 // kRecompute (the backward's B0 after a forward that saved T and P: ForwardWorkspace::recompute)
 // reads T as the forward stored it and forms neither P, A nor the inverse: the same W and U bits.
 // kFromT (ForwardWorkspace::values_from_t, at the common shape with bf16 products) stores T
@@ -31,6 +33,12 @@ template <Products kP, typename In, typename Dims, bool kRecompute, bool kScaled
 __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::template min_blocks<Dims>())
     fwd_intra_kernel(const __grid_constant__ ForwardParams p) {
   static_assert(!(kRecompute && kFromT), "the recompute forms W and U");
+  // P and A below the diagonal from fp16 factors (intra_factors.cuh) at the common shape with 16-bit
+  // inputs, where the forward forms P and A; the recompute there forms Q_up, K_down and K_up by the
+  // same arithmetic (kFactorOperands), so that it keeps the bits of the forward's kept W, Q_up, K_down.
+  constexpr bool kFactorOperands = std::is_same_v<Dims, CommonDims> && IntraConfig<In>::kNarrow;
+  constexpr bool kFactors = kFactorOperands && !kRecompute;
+  static_assert(kFactors || !kFromT, "from T, the factors");
   using Config = IntraConfig<In>;
   constexpr int kSub = Config::kSub, kWarps = Config::kWarps;
   const int64_t chunk = launched_chunk(p, blockIdx.x);
@@ -118,11 +126,14 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
   // K_down row reads, also goes to the scratch Y (at least Kp floats: (C / 16 - 1) 256 >= Kp for the
   // chunk sizes 32 and 64 and K <= 128 that Problem and check_supported admit), which the inverse
   // takes only once K_down is formed.
+  // With the factors' operands, gamma at each sub-chunk's first row goes to Y as well, after its last
+  // row: the references of the factors (IntraFactors), which take gamma's room.
   float* g_last = Y;
   for (int d = tid; d < K; d += nthreads) {
     float* gamma = p.ws.gamma != nullptr ? p.ws.gamma + row_at(0) * K + d : nullptr;
     const float total = scan_column(g + d, l, ldg, [](float a) { return a; }, [&](int64_t r, float sum) {
       g[r * ldg + d] = sum * kLog2e;
+      if (kFactorOperands && r % kSub == 0) g_last[Kp + r / kSub * Kp + d] = sum * kLog2e;
       if (gamma != nullptr) gamma[r * stride_k] = sum;
     });
     p.ws.g_last[(chunk * p.HV + head) * K + d] = total;
@@ -165,6 +176,10 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
       store4(T + s, map4([](float x, float b) { return as_operand<kP>(x * b); }, load4(T + s), load4(beta + i)));
     });
   };
+  // With the factors from U, K_up in bf16 over the second half of gamma's rows (the first holds Kc):
+  // W's operand, exact in TF32 as the from-T form stores it for F4.
+  __nv_bfloat16* k_up_rows = reinterpret_cast<__nv_bfloat16*>(g) + Kp;
+  const int ld_k_up = 2 * ldg;
   // Warp tasks are (row tile, 32 columns); row tile R reads T's columns below 16 (R + 1) only (T is
   // lower triangular). W, K_down and Q_up are stored as operands of the state passes' products
   // (Operand<kP>).
@@ -186,32 +201,52 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     }
   };
   auto product_U = [&] { product(V, p.ws.U, DType::kF32, [&](int i, int e) { return to_float(vs[i * ldv + e]); }); };
-  auto product_W = [&] { product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) { return g[i * ldg + e]; }); };
-  // Q_up = q_hat exp(gamma) and K_down = k_hat exp(gamma_L - gamma) (and from T K_up = k_hat
-  // exp(gamma)) stored (kStored), K_up in place of gamma as an operand (kUp), by `threads` threads.
+  auto product_W = [&] {
+    product(K, p.ws.W, kOperandDType<kP>, [&](int i, int e) {
+      if constexpr (kFactors) return to_float(k_up_rows[i * ld_k_up + e]);
+      else return g[i * ldg + e];
+    });
+  };
+  // The stores of Q_up = q_hat exp(gamma) and K_down = k_hat exp(gamma_L - gamma) (and from T K_up =
+  // k_hat exp(gamma)) of row r < l, columns d .. d + 3.
   Op* q_up = reinterpret_cast<Op*>(p.ws.q_up) + row_at(0) * K;
   Op* k_down = reinterpret_cast<Op*>(p.ws.k_down) + row_at(0) * K;
   Op* k_up = reinterpret_cast<Op*>(p.ws.W) + row_at(0) * K;  // kFromT
+  auto store_operands = [&](int r, int d, float4 qu, float4 kd, float4 ku) {
+    const int64_t at = r * stride_k + d;
+    store_first(q_up + at, qu, K - d, vector);
+    store_first(k_down + at, kd, K - d, vector);
+    if constexpr (kFromT) store_first(k_up + at, ku, K - d, vector);
+  };
+  // The stores above from q_hat, k_hat and gamma (kStored) and K_up in place of gamma as an operand
+  // (kUp), by `threads` threads.
   auto form_operands = [&](auto stored, auto up_in_place, int thread, int threads) {
     constexpr bool kStored = decltype(stored)::value, kUp = decltype(up_in_place)::value;
-    for_each_cell_of<4>(thread, threads, kUp ? C : l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t at, int s) {
+    for_each_cell_of<4>(thread, threads, kUp ? C : l, Kp / 4, stride_k, ldg, [&](int r, int d, int64_t, int s) {
       const float4 gr = load4(g + s), kr = tiles.k4(r, d);
       const float4 up = map4([](float x) { return exp2_fast(x); }, gr);
+      auto times_up = [&](float4 x) { return map4([](float y, float u) { return y * u; }, x, up); };
       if (kStored && r < l) {
-        store_first(q_up + at, map4([](float qx, float u) { return qx * u; }, tiles.q4(r, d), up), K - d, vector);
-        const float4 down = map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr,
-                                 load4(g_last + d), gr);
-        store_first(k_down + at, down, K - d, vector);
-        if constexpr (kFromT) {
-          store_first(k_up + at, map4([](float kx, float u) { return kx * u; }, kr, up), K - d, vector);
-        }
+        const float4 down =
+            map4([](float kx, float last, float gx) { return kx * exp2_fast(last - gx); }, kr, load4(g_last + d), gr);
+        store_operands(r, d, times_up(tiles.q4(r, d)), down, times_up(kr));
       }
-      if constexpr (kUp) store4(g + s, map4([](float kx, float u) { return as_operand<kP>(kx * u); }, kr, up));
+      if constexpr (kUp) store4(g + s, map4([](float x) { return as_operand<kP>(x); }, times_up(kr)));
     });
   };
 
   if constexpr (kRecompute) {
-    form_operands(std::true_type{}, std::true_type{}, tid, nthreads);
+    if constexpr (kFactorOperands) {
+      // K_up in place of gamma rounded to bf16, as the forward's W read it.
+      const IntraFactors<Dims::chunk(p), Dims::k(p)> factors(tiles);
+      auto operands = [&](int r, int d, float4 qu, float4 kd, float4 ku) {
+        if (r < l) store_operands(r, d, qu, kd, ku);
+        store4(g + r * ldg + d, map4([](float x) { return to_float(from_float<__nv_bfloat16>(x)); }, ku));
+      };
+      form_factors<Dims::chunk(p), Dims::k(p), false>(tiles, factors, l, operands);
+    } else {
+      form_operands(std::true_type{}, std::true_type{}, tid, nthreads);
+    }
     __syncthreads();
     // q and k are dead: T as stored (rows of the inputs as given, its rows past l zero) into q's
     // room, v into k's.
@@ -225,11 +260,20 @@ __global__ void __launch_bounds__(IntraConfig<In>::kThreads, IntraConfig<In>::te
     product_U();
     product_W();
   } else {
-    // Q_up and K_down by the warps that P and A leave first; then q is dead and A takes its room.
-    p_and_a<kP>(p, tiles, C, Kp, l, row_at(0) * C, [&](int thread, int threads) {
-      form_operands(std::true_type{}, std::false_type{}, thread, threads);
-    });
-    if constexpr (!kFromT) form_operands(std::false_type{}, std::true_type{}, tid, nthreads);
+    if constexpr (kFactors) {
+      // Q_up, K_down and K_up from the factors below the diagonal, which take the rooms of q, k and gamma.
+      p_and_a_from_factors<kP, Dims::chunk(p), Dims::k(p)>(
+          p, tiles, l, row_at(0) * C, [&](int r, int d, float4 qu, float4 kd, float4 ku) {
+            if (r < l) store_operands(r, d, qu, kd, ku);
+            if constexpr (!kFromT) store_first(k_up_rows + r * ld_k_up + d, ku, K - d, true);
+          });
+    } else {
+      // Q_up and K_down by the warps that P and A leave first; then q is dead and A takes its room.
+      p_and_a<kP>(p, tiles, C, Kp, l, row_at(0) * C, [&](int thread, int threads) {
+        form_operands(std::true_type{}, std::false_type{}, thread, threads);
+      });
+      form_operands(std::false_type{}, std::true_type{}, tid, nthreads);
+    }
     __syncthreads();
     // k and gamma are dead: T in k's room, then v in A's once T is formed.
     invert<kP>(tiles, C, live);

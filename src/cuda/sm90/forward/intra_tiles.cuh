@@ -23,7 +23,7 @@ struct IntraConfig : NarrowBlock<In> {
   static constexpr int kSub = 16;  // sub-chunk rows
   __host__ __device__ static int padded(int x) { return round_up<8>(x); }
   // Resident blocks per SM: three at the common shape (71 KB of shared memory in the forward's
-  // layout below, 68 KB in the recompute's, and the 80 registers a thread that three blocks of 256
+  // layout below, 70 KB in the recompute's, and the 80 registers a thread that three blocks of 256
   // threads leave).
   template <typename Dims>
   static constexpr int min_blocks() {
@@ -63,8 +63,11 @@ struct IntraLayout {
       A = v = q;  // [C, ldc] A, then [C, ldv] v
       T = k;      // [C, ldc] (I + A)^-1
     }
-    Y = g + C * ldg * 4;  // [Kp] gamma's last row; without kRecompute then [C / 16 - 1, 16, 16] partial products of T
-    beta = Y + (kRecompute ? Kp : (C / kSub - 1) * kSub * kSub) * 4;  // [C]
+    // [Kp] gamma's last row, then with 16-bit inputs [C / 16, Kp] gamma at each sub-chunk's first row
+    // (intra_factors.cuh); without kRecompute then [C / 16 - 1, 16, 16] partial products of T.
+    Y = g + C * ldg * 4;
+    const int recompute_y = kIn == 2 ? (1 + C / kSub) * Kp : Kp;
+    beta = Y + (kRecompute ? recompute_y : (C / kSub - 1) * kSub * kSub) * 4;  // [C]
     scale_q = beta + C * 4;                         // [C]
     scale_k = scale_q + C * 4;                      // [C]
     bytes = scale_k + C * 4;

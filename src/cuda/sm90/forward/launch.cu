@@ -145,7 +145,7 @@ void intra_stage(const Problem& p, const ForwardParams& params, Products product
               } else {
                 with_flag(params.l2norm, [&](auto scaled) {
                   const auto kernel = fwd_intra_kernel<kP, In, Dims, kRecompute, decltype(scaled)::value, kFromT>;
-                  prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 68 KB) at the common shape
+                  prefer_max_shared(kernel);  // three blocks of 71 KB (the recompute's 70 KB) at the common shape
                   launch(kernel, dim3(chunks, heads), IntraConfig<In>::kThreads,
                          IntraLayout<In, kRecompute>(p.chunk, static_cast<int>(p.K), static_cast<int>(p.V)).bytes,
                          s, params);
