@@ -1,5 +1,5 @@
 // F2's P and A below the diagonal from fp16 factors (docs/design.md, "P and A between sub-chunks
-// from fp16 factors"), inside fwd_intra at the common shape where F4 forms the new values from T.
+// from fp16 factors"), inside fwd_intra at the common shape with 16-bit inputs.
 // For a block (R, J), J < R, of 16-row sub-chunks, with R0 = 16 R and n = 16 (J + 1):
 //   P[r, i] = s sum_d Qf[r, d] c[d] Kc[i, d],  A[r, i] = beta_r sum_d Kr[r, d] c[d] Kc[i, d]
 //   Qf = q_hat exp(g_r - g_R0), Kr = k_hat exp(g_r - g_R0), Kc = k_hat exp(g_n - g_i), c = exp(g_R0 - g_n)
@@ -66,7 +66,8 @@ __device__ __forceinline__ float warp_row_scale(float4 x) {
 }
 
 // x / scale as four fp16 at p (8-byte aligned). 1 / scale by its exponent's bits: exact for the
-// scales of power_of_two_at_least, 2^-100 to 2^126.
+// scales of power_of_two_at_least up to 2^126 (factors whose magnitudes reach 2^126 would overflow
+// the fp32 products anyway).
 __device__ __forceinline__ void store_halves(__half* p, float4 x, float scale) {
   const float inv = __uint_as_float(0x7f000000u - __float_as_uint(scale));
   *reinterpret_cast<uint2*>(p) = make_uint2(half_pair(x.x * inv, x.y * inv), half_pair(x.z * inv, x.w * inv));
@@ -74,14 +75,14 @@ __device__ __forceinline__ void store_halves(__half* p, float4 x, float scale) {
 
 // The factors of every row of the chunk (l rows; kStore: stored, else only formed for the operands
 // of the backward's recompute, which keeps the forward's bits) and the state passes' operands of its
-// values:
-// operands(r, d, Q_up, K_down, K_up) at columns d .. d + 3 (zero for r >= l), with Q_up = Qf
-// exp(g_R0), K_up = Kr exp(g_R0) and K_down = Kc exp(g_L - g_n) (n = L where no block reads Kc),
-// products of the factors before their rounding, called once the warp has read the row (it may
-// overwrite gamma's row). Warps 2R and 2R + 1 take the rows of
-// sub-chunk R, eight each, a lane four columns, so that a lane forms exp(g_R0) and exp(g_L - g_n)
-// once: two exponentials an element. The factors are zero where no block below the diagonal reads
-// them and past the chunk's end.
+// values: operands(r, d, Q_up, K_down, K_up) at columns d .. d + 3 (zero for r >= l), with Q_up =
+// Qf exp(g_R0), K_up = Kr exp(g_R0) and K_down = Kc exp(g_L - g_n) (n = L where no block reads
+// Kc), products of the factors before their rounding. With kStore operands is called once the warp
+// has read the row and may overwrite gamma's row; without, before the other lanes are done, and may
+// overwrite the lane's own columns of it only. Warps 2R and 2R + 1 take the rows of sub-chunk R,
+// eight each, a lane four columns, so that a lane forms exp(g_R0) and exp(g_L - g_n) once: two
+// exponentials an element. The factors are zero where no block below the diagonal reads them and
+// past the chunk's end.
 template <int kC, int kK, bool kStore = true, typename In, bool kScaled, typename Operands>
 __device__ __forceinline__ void form_factors(const IntraTiles<In, kScaled>& tiles, const IntraFactors<kC, kK>& f, int l,
                                              Operands operands) {
@@ -96,7 +97,8 @@ __device__ __forceinline__ void form_factors(const IntraTiles<In, kScaled>& tile
   const float4 up_r0 = map4([](float x) { return exp2_fast(x); }, g_r0);
   const float4 down_n = map4([](float end, float n) { return exp2_fast(end - n); }, g_end, g_n);
   auto times = [](float4 a, float4 b) { return map4([](float x, float y) { return x * y; }, a, b); };
-  for (int r = R * kSub + warp % 2 * (kSub / 2); r < (R * kSub + warp % 2 * (kSub / 2)) + kSub / 2; ++r) {
+  const int first = R * kSub + warp % 2 * (kSub / 2);
+  for (int r = first; r < first + kSub / 2; ++r) {
     float4 qf{}, kf{}, kc{}, q_up{}, k_down{}, k_up{};
     if (r < l) {
       const float4 gr = load4(tiles.g + r * tiles.ldg + d), qr = tiles.q4(r, d), kr = tiles.k4(r, d);
