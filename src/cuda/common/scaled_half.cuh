@@ -18,6 +18,13 @@ __device__ __forceinline__ float power_of_two_at_least(float m) {
   return __uint_as_float((bits + 0x007fffffu) & 0x7f800000u);
 }
 
+// x times inv (the inverse of a row's scale) as four fp16, rounded to nearest, packed for one
+// 8-byte store.
+__device__ __forceinline__ uint2 scaled_halves(float4 x, float inv) {
+  const __half2 lo = __floats2half2_rn(x.x * inv, x.y * inv), hi = __floats2half2_rn(x.z * inv, x.w * inv);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+
 // Stores (by the whole block of kThreads) kRows rows of 64 fp32 values staged in shared memory
 // (cell c of row r, 4 values, at src + at(r, c), 16 cells a row) as fp16 rows, row r at
 // dst + r * stride elements, and each row's scale at scales[r]. Eight threads share a row: thread c
@@ -36,13 +43,9 @@ __device__ __forceinline__ void store_scaled_half_rows(__half* dst, int64_t stri
 #pragma unroll
     for (int lanes = 1; lanes < 8; lanes *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, lanes));
     const float scale = power_of_two_at_least(m), inv = __frcp_rn(scale);  // exact: a power of two
-    auto halves = [&](float4 v) {
-      const __half2 lo = __floats2half2_rn(v.x * inv, v.y * inv), hi = __floats2half2_rn(v.z * inv, v.w * inv);
-      return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-    };
     __half* const row = dst + r * stride;
-    *reinterpret_cast<uint2*>(row + 4 * c) = halves(a);
-    *reinterpret_cast<uint2*>(row + 32 + 4 * c) = halves(b);
+    *reinterpret_cast<uint2*>(row + 4 * c) = scaled_halves(a, inv);
+    *reinterpret_cast<uint2*>(row + 32 + 4 * c) = scaled_halves(b, inv);
     if (c == 0) scales[r] = scale;
   }
 }

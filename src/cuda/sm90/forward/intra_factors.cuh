@@ -69,8 +69,7 @@ __device__ __forceinline__ float warp_row_scale(float4 x) {
 // scales of power_of_two_at_least up to 2^126 (factors whose magnitudes reach 2^126 would overflow
 // the fp32 products anyway).
 __device__ __forceinline__ void store_halves(__half* p, float4 x, float scale) {
-  const float inv = __uint_as_float(0x7f000000u - __float_as_uint(scale));
-  *reinterpret_cast<uint2*>(p) = make_uint2(half_pair(x.x * inv, x.y * inv), half_pair(x.z * inv, x.w * inv));
+  *reinterpret_cast<uint2*>(p) = scaled_halves(x, __uint_as_float(0x7f000000u - __float_as_uint(scale)));
 }
 
 // The factors of every row of the chunk (l rows; kStore: stored, else only formed for the operands
