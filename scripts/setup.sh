@@ -12,6 +12,7 @@
 #   FKT_CUDA_ARCHS=90a              its CUDA architectures
 #   FKT_CPP_TESTS=0                 skip step 4 (and libgtest-dev)
 #   FKT_CPP_TESTS_CUDA=OFF|AUTO|ON  CUDA backend in the C++ test build (default OFF)
+#   FKT_SANITIZE=ON|OFF             AddressSanitizer and UBSan in the CPU-only C++ test build (default ON)
 #   FKT_NO_VENV=1                   use python3 as it is: no apt, no venv, no downloads
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -73,8 +74,11 @@ package() {
   "$FKT_PY" -m pip install --no-build-isolation --no-deps --force-reinstall -v .
 }
 
+# CPU-only, the C++ tests run under AddressSanitizer and UBSan (FKT_SANITIZE=OFF builds them plain).
 cpp_tests() {
-  cmake -S . -B build -G Ninja -DFKT_BUILD_TESTS=ON -DFKT_CUDA="${FKT_CPP_TESTS_CUDA:-OFF}" \
+  local cuda="${FKT_CPP_TESTS_CUDA:-OFF}" sanitize="${FKT_SANITIZE:-ON}"
+  [[ "$cuda" == OFF ]] || sanitize=OFF
+  cmake -S . -B build -G Ninja -DFKT_BUILD_TESTS=ON -DFKT_CUDA="$cuda" -DFKT_SANITIZE="$sanitize" \
     -DFKT_CUDA_ARCHS="${FKT_CUDA_ARCHS:-90a}"
   cmake --build build --parallel "$(nproc)"
 }
